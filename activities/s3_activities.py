@@ -1,0 +1,476 @@
+"""The activities of s3batch: list a prefix, process one file resumably, write the report.
+
+All of them are synchronous (boto3 blocks) and run in the worker's thread pool. One S3 client is
+built by the worker and shared: boto3 clients are thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import gzip
+import io
+import json
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import orjson
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
+
+from s3batch import layout
+from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
+from s3batch.models import (
+    Checkpoint,
+    FileResult,
+    FinalReportInput,
+    ListObjectsInput,
+    ListObjectsResult,
+    ObjectRef,
+    ProcessFileInput,
+    ReportSegmentInput,
+    S3BatchInput,
+)
+from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
+from s3batch.s3io import (
+    BAD_FILE,
+    UNKNOWN_HANDLER,
+    WORKER_SHUTDOWN,
+    S3Client,
+    error_code,
+    open_object,
+    raise_s3_error,
+)
+
+# Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
+# and checks for cancellation, so a big chunk is never mistaken for a dead worker.
+_SUB_BATCH = 1_000
+
+
+def _strip_etag(etag: str) -> str:
+    return etag.strip('"')
+
+
+class S3Activities:
+    """Activities bound to one S3 client.
+
+    Args:
+        s3: A boto3 S3 client (``s3batch.s3io.make_client()`` builds one from the environment).
+    """
+
+    def __init__(self, s3: S3Client) -> None:
+        self.s3 = s3
+
+    # ------------------------------------------------------------------ job checks and listing
+
+    @activity.defn(name="s3batch.check_job")
+    def check_job(self, job: S3BatchInput) -> None:
+        """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
+        missing or unreadable buckets."""
+        try:
+            get_handler(job.handler)
+        except UnknownHandlerError as err:
+            raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        try:
+            self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "listing", job.bucket, job.prefix or None)
+        try:
+            self.s3.head_bucket(Bucket=job.output_bucket)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "checking the output bucket", job.output_bucket)
+
+    @activity.defn(name="s3batch.list_objects")
+    def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
+        """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
+        kwargs: dict[str, Any] = {"Bucket": req.bucket, "Prefix": req.prefix, "MaxKeys": req.page_size}
+        if req.continuation_token:
+            kwargs["ContinuationToken"] = req.continuation_token
+        try:
+            response = self.s3.list_objects_v2(**kwargs)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "listing", req.bucket, req.prefix or None)
+        objects = [
+            ObjectRef(key=item["Key"], etag=_strip_etag(item["ETag"]), size=item["Size"])
+            for item in response.get("Contents", [])
+            if not (item["Key"].endswith("/") and item["Size"] == 0)
+        ]
+        token = response.get("NextContinuationToken") if response.get("IsTruncated") else None
+        return ListObjectsResult(objects=objects, next_token=token)
+
+    # ------------------------------------------------------------------ one file
+
+    @activity.defn(name="s3batch.process_file")
+    def process_file(self, req: ProcessFileInput) -> FileResult:
+        """Process one object chunk by chunk, resuming from the furthest committed checkpoint.
+
+        Failures carry ``{"attempt": n}`` as details so the job report can say how many attempts
+        a failed file had.
+        """
+        attempt = {"attempt": activity.info().attempt}
+        try:
+            return _FileJob(self.s3, req).run()
+        except ApplicationError as err:
+            raise ApplicationError(
+                err.message,
+                attempt,
+                type=err.type,
+                non_retryable=err.non_retryable,
+                next_retry_delay=err.next_retry_delay,
+                category=err.category,
+            ) from err
+        except (CancelledError, asyncio.CancelledError):
+            raise
+        except Exception as err:
+            raise ApplicationError(
+                f"unexpected error processing s3://{req.bucket}/{req.obj.key}: {type(err).__name__}: {err}",
+                attempt,
+                type=type(err).__name__,
+            ) from err
+
+    # ------------------------------------------------------------------ report
+
+    @activity.defn(name="s3batch.write_report_segment")
+    def write_report_segment(self, req: ReportSegmentInput) -> str:
+        """Flush the per-file results of one workflow run (before continue-as-new)."""
+        key = layout.segment_key(req.output_prefix, req.segment)
+        body = b"".join(orjson.dumps(f.model_dump(mode="json")) + b"\n" for f in req.files)
+        self._put(req.output_bucket, key, body, "application/x-ndjson")
+        return key
+
+    @activity.defn(name="s3batch.write_report")
+    def write_report(self, req: FinalReportInput) -> str:
+        """Write ``{output_prefix}_report.json``: every file of the job and the totals."""
+        job = req.job
+        files: list[Any] = []
+        for segment in range(req.segments):
+            key = layout.segment_key(job.output_prefix, segment)
+            try:
+                body = self.s3.get_object(Bucket=job.output_bucket, Key=key)["Body"].read()
+            except (ClientError, BotoCoreError) as err:
+                raise_s3_error(err, "reading report segment", job.output_bucket, key)
+            files.extend(orjson.loads(line) for line in body.splitlines() if line)
+        files.extend(f.model_dump(mode="json") for f in req.files)
+        report = {
+            "job_id": req.job_id,
+            "status": req.status,
+            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(),
+            "source": f"s3://{job.bucket}/{job.prefix}",
+            "output": f"s3://{job.output_bucket}/{job.output_prefix}",
+            "input": job.model_dump(mode="json"),
+            "totals": req.totals.model_dump(mode="json"),
+            "files": files,
+        }
+        key = layout.report_key(job.output_prefix)
+        self._put(job.output_bucket, key, json.dumps(report, indent=1).encode(), "application/json")
+        return key
+
+    def _put(self, bucket: str, key: str, body: bytes, content_type: str) -> None:
+        try:
+            self.s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "writing", bucket, key)
+
+
+class _FileJob:
+    """One attempt at one file. Write-then-checkpoint: a chunk's part (data + checkpoint metadata)
+    is written in one PUT, and only then heartbeated."""
+
+    def __init__(self, s3: S3Client, req: ProcessFileInput) -> None:
+        self.s3 = s3
+        self.req = req
+        self.obj = req.obj
+        self.where = f"s3://{req.bucket}/{req.obj.key}"
+        self.info = activity.info()
+        try:
+            self.handler = get_handler(req.handler)
+        except UnknownHandlerError as err:
+            raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        try:
+            self.fmt, self.gz = resolve_format(req.obj.key, req.format)
+        except UnknownFormatError as err:
+            raise ApplicationError(str(err), type=BAD_FILE, non_retryable=True) from None
+        self.fingerprint = layout.fingerprint(
+            fmt=self.fmt,
+            gzip=self.gz,
+            handler=req.handler,
+            chunk_records=req.chunk_records,
+            max_record_bytes=req.max_record_bytes,
+        )
+
+    # ---------------------------------------------------------------- resume
+
+    def _heartbeat_checkpoint(self) -> Checkpoint | None:
+        details = self.info.heartbeat_details
+        if not details:
+            return None
+        try:
+            cp = Checkpoint.model_validate(details[0])
+        except ValidationError:
+            activity.logger.warning("ignoring unreadable heartbeat details of %s", self.where)
+            return None
+        if cp.etag != self.obj.etag or cp.fingerprint != self.fingerprint:
+            return None
+        return cp
+
+    def _pin_version(self) -> str | None:
+        """HEAD the source with IfMatch: fails clearly if it changed or vanished since listing, and
+        returns its VersionId on a versioned bucket (None otherwise)."""
+        try:
+            head = self.s3.head_object(Bucket=self.req.bucket, Key=self.obj.key, IfMatch=f'"{self.obj.etag}"')
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "reading", self.req.bucket, self.obj.key)
+        version = head.get("VersionId")
+        return version if version and version != "null" else None
+
+    def _committed(self, chunk: int) -> Checkpoint | None | bool:
+        """The checkpoint stored on part ``chunk``: a Checkpoint, None if absent, False if it was
+        written for another source version or other options."""
+        key = layout.part_key(self.req.output_prefix, self.obj.key, chunk)
+        try:
+            head = self.s3.head_object(Bucket=self.req.output_bucket, Key=key)
+        except ClientError as err:
+            if error_code(err) in {"404", "NoSuchKey", "NotFound"}:
+                return None
+            raise_s3_error(err, "reading", self.req.output_bucket, key)
+        except BotoCoreError as err:
+            raise_s3_error(err, "reading", self.req.output_bucket, key)
+        raw = head.get("Metadata", {}).get(layout.CHECKPOINT_METADATA)
+        try:
+            cp = Checkpoint.model_validate_json(raw) if raw else None
+        except ValidationError:
+            cp = None
+        if cp is None or cp.etag != self.obj.etag or cp.fingerprint != self.fingerprint or cp.chunk != chunk + 1:
+            return False
+        return cp
+
+    def _resume_point(self) -> Checkpoint:
+        """The furthest of the heartbeat checkpoint and the last contiguous committed part.
+
+        The heartbeat is throttled, so after a crash the parts written since the last heartbeat
+        that reached the server are found by probing part ``n``, ``n+1``... until one is missing.
+        """
+        cp = self._heartbeat_checkpoint()
+        if cp is None:
+            version = self.obj.version_id or self._pin_version()
+            cp = Checkpoint(
+                etag=self.obj.etag,
+                version_id=version,
+                fingerprint=self.fingerprint,
+                byte_offset=None if self.gz else 0,
+            )
+        while not cp.done:
+            found = self._committed(cp.chunk)
+            if found is None:
+                break
+            if found is False:
+                # Output left by a run with another source version or options: not ours to keep.
+                self._delete_outputs_from(cp.chunk)
+                break
+            assert isinstance(found, Checkpoint)
+            cp = found.model_copy(update={"version_id": cp.version_id or found.version_id})
+        return cp
+
+    def _delete_outputs_from(self, chunk: int) -> None:
+        prefix = layout.file_dir(self.req.output_prefix, self.obj.key)
+        stale: list[dict[str, str]] = []
+        try:
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.req.output_bucket, Prefix=prefix):
+                for item in page.get("Contents", []):
+                    name = item["Key"][len(prefix) :]
+                    index = layout.output_index(name)
+                    if "/" not in name and index is not None and index >= chunk:
+                        stale.append({"Key": item["Key"]})
+            for start in range(0, len(stale), 1000):
+                self.s3.delete_objects(Bucket=self.req.output_bucket, Delete={"Objects": stale[start : start + 1000]})
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "deleting stale output under", self.req.output_bucket, prefix)
+        activity.logger.info("removed %d stale output objects of %s from chunk %d", len(stale), self.where, chunk)
+
+    # ---------------------------------------------------------------- processing
+
+    def run(self) -> FileResult:
+        cp = self._resume_point()
+        resumed_from = cp.next_record
+        if resumed_from:
+            activity.logger.info("resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk)
+        if not cp.done:
+            cp = self._process_from(cp)
+        return FileResult(
+            key=self.obj.key,
+            etag=self.obj.etag,
+            status="succeeded",
+            records=cp.records_written + cp.rejected,
+            records_written=cp.records_written,
+            rejected=cp.rejected,
+            bytes_read=self.obj.size,
+            chunks=cp.chunk,
+            attempts=self.info.attempt,
+            resumed_from_record=resumed_from,
+        )
+
+    def _open(self, start: int, window: int = 16 * 1024 * 1024) -> io.BufferedReader:
+        return open_object(
+            self.s3,
+            self.req.bucket,
+            self.obj.key,
+            etag=self.obj.etag,
+            size=self.obj.size,
+            version_id=self._version_id,
+            start=start,
+            window=window,
+        )
+
+    def _records(self, cp: Checkpoint, stack: contextlib.ExitStack) -> tuple[Iterator[Record], Any]:
+        """An iterator of the records from ``cp`` on, and the parser (for offsets and lines)."""
+        max_bytes = self.req.max_record_bytes
+        if self.gz:
+            raw = stack.enter_context(self._open(0))
+            stream: Any = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+            parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes)
+            records = iter(parser)
+            # A gzip stream cannot be entered mid-way: decompress and skip what is already written.
+            skipped = sum(1 for _ in islice(records, cp.next_record))
+            if skipped != cp.next_record:
+                raise ApplicationError(
+                    f"{self.where} has fewer records ({skipped}) than its checkpoint ({cp.next_record})",
+                    type=BAD_FILE,
+                    non_retryable=True,
+                )
+            return records, parser
+        offset = cp.byte_offset or 0
+        header = None
+        if self.fmt == "csv" and offset > 0:
+            with self._open(0, window=64 * 1024) as head_stream:
+                header = read_csv_header(head_stream, max_bytes)
+        stream = stack.enter_context(self._open(offset))
+        parser = make_parser(self.fmt, stream, offset=offset, line=cp.line, header=header, max_line_bytes=max_bytes)
+        return iter(parser), parser
+
+    def _process_from(self, cp: Checkpoint) -> Checkpoint:
+        self._version_id = cp.version_id
+        req = self.req
+        handler = self.handler
+        sub_batch = min(req.chunk_records, _SUB_BATCH)
+        activity.heartbeat(cp)
+        with contextlib.ExitStack() as stack:
+            try:
+                records, parser = self._records(cp, stack)
+            except ValueError as err:  # an unreadable CSV header
+                raise ApplicationError(f"{self.where}: {err}", type=BAD_FILE, non_retryable=True) from None
+            lookahead: list[Record] = []
+            while True:
+                self._stop_if_asked(cp)
+                # Cancellation is delivered at the end of this block: after the part is written and
+                # checkpointed, never in the middle of a chunk's PUT.
+                with activity.shield_thread_cancel_exception():
+                    output: list[Any] = []
+                    rejects: list[Reject] = []
+                    taken = 0
+                    while taken < req.chunk_records:
+                        batch = lookahead + list(islice(records, min(sub_batch, req.chunk_records - taken) - len(lookahead)))
+                        lookahead = []
+                        if not batch:
+                            break
+                        taken += len(batch)
+                        self._handle(handler, batch, output, rejects)
+                        activity.heartbeat(cp)  # liveness; the SDK throttles what reaches the server
+                    end_offset = None if self.gz else parser.offset
+                    end_line = parser.line
+                    lookahead = list(islice(records, 1))
+                    done = not lookahead
+                    cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
+                    activity.heartbeat(cp)
+                if done:
+                    return cp
+
+    def _handle(self, handler: Any, batch: list[Record], output: list[Any], rejects: list[Reject]) -> None:
+        good = batch
+        if any(r.error is not None for r in batch):
+            good = []
+            for r in batch:
+                if r.error is None:
+                    good.append(r)
+                else:
+                    rejects.append(Reject(r.line, r.error))
+        if not good:
+            return
+        try:
+            result: HandlerResult = handler(good)
+        except Exception as err:
+            raise ApplicationError(
+                f"handler {self.req.handler!r} failed on {self.where} lines {good[0].line}-{good[-1].line}: "
+                f"{type(err).__name__}: {err}",
+                type="HandlerError",
+            ) from err
+        output.extend(result.output)
+        rejects.extend(result.rejects)
+
+    def _commit(
+        self,
+        cp: Checkpoint,
+        taken: int,
+        output: list[Any],
+        rejects: list[Reject],
+        end_offset: int | None,
+        end_line: int,
+        done: bool,
+    ) -> Checkpoint:
+        """Write the chunk's rejects, then its part carrying the new checkpoint (the commit point)."""
+        req = self.req
+        new = cp.model_copy(
+            update={
+                "next_record": cp.next_record + taken,
+                "byte_offset": end_offset,
+                "line": end_line,
+                "chunk": cp.chunk + 1,
+                "records_written": cp.records_written + len(output),
+                "rejected": cp.rejected + len(rejects),
+                "done": done,
+            }
+        )
+        if rejects:
+            body = b"".join(
+                orjson.dumps({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
+            )
+            self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, None)
+        try:
+            body = b"\n".join(map(orjson.dumps, output)) + b"\n" if output else b""
+        except TypeError as err:
+            raise ApplicationError(
+                f"handler {req.handler!r} returned a value that is not JSON-serialisable for {self.where}: {err}",
+                type=BAD_FILE,
+                non_retryable=True,
+            ) from None
+        self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
+        return new
+
+    def _put(self, key: str, body: bytes, cp: Checkpoint | None) -> None:
+        kwargs: dict[str, Any] = {
+            "Bucket": self.req.output_bucket,
+            "Key": key,
+            "Body": body,
+            "ContentType": "application/x-ndjson",
+        }
+        if cp is not None:
+            kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
+        try:
+            self.s3.put_object(**kwargs)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "writing", self.req.output_bucket, key)
+
+    def _stop_if_asked(self, cp: Checkpoint) -> None:
+        """At a chunk boundary: hand the file over when the worker is shutting down."""
+        if activity.is_worker_shutdown():
+            activity.heartbeat(cp)
+            activity.logger.info("worker shutting down: %s stops at record %d", self.where, cp.next_record)
+            raise ApplicationError(
+                f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}",
+                type=WORKER_SHUTDOWN,
+                category=ApplicationErrorCategory.BENIGN,
+                next_retry_delay=datetime.timedelta(milliseconds=100),
+            )

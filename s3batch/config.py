@@ -1,0 +1,65 @@
+"""Settings of the worker and the client command, from the environment.
+
+Temporal's own variables (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, ``TEMPORAL_API_KEY``,
+``TEMPORAL_TLS_*``, ``TEMPORAL_PROFILE`` and the ``temporal.toml`` profiles) are read by
+``temporalio.envconfig``, the same way the ``temporal`` CLI reads them; S3 settings come from
+boto3's own chain. Only s3batch's own knobs are ``S3BATCH_*`` variables.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from temporalio.client import Client
+from temporalio.envconfig import ClientConfig
+
+from s3batch import TASK_QUEUE
+
+
+class Settings(BaseSettings):
+    """s3batch settings; a bad value fails at start-up with the variable's name."""
+
+    model_config = SettingsConfigDict(env_prefix="S3BATCH_", extra="ignore")
+
+    task_queue: str = TASK_QUEUE
+    max_concurrent_files: int = Field(8, ge=1, le=1_000)
+    """Activity slots of this worker: files it processes at once."""
+    graceful_shutdown_seconds: float = Field(30.0, ge=0)
+    """After SIGTERM, how long in-flight files get to reach a chunk boundary and hand over."""
+    handler_modules: str = ""
+    """Comma-separated modules to import at start-up; they register handlers with decorators."""
+    log_level: str = "INFO"
+    ui_url: str = ""
+    """Base URL of the Temporal Web UI, for links (default: derived from TEMPORAL_ADDRESS)."""
+
+    def import_handler_modules(self) -> None:
+        for name in filter(None, (m.strip() for m in self.handler_modules.split(","))):
+            importlib.import_module(name)
+
+
+def connect_config() -> dict[str, Any]:
+    """Connection arguments for ``Client.connect`` from Temporal's environment conventions."""
+    config = dict(ClientConfig.load_client_connect_config())
+    config.setdefault("target_host", "localhost:7233")
+    return config
+
+
+async def connect(plugins: list[Any]) -> Client:
+    config = connect_config()
+    return await Client.connect(**config, plugins=plugins)
+
+
+def ui_base(settings: Settings) -> str:
+    """The Web UI's base URL: ``S3BATCH_UI_URL``, else the frontend's host on port + 1000 (the dev
+    server's convention)."""
+    if settings.ui_url:
+        return settings.ui_url.rstrip("/")
+    target = connect_config()["target_host"]
+    host, _, port = target.rpartition(":")
+    try:
+        return f"http://{host or 'localhost'}:{int(port) + 1000}"
+    except ValueError:
+        return f"http://{target}"

@@ -1,0 +1,156 @@
+"""Handlers: what s3batch does with each chunk of records.
+
+A handler receives the parsed records of a chunk and returns output records and rejects. Register
+one with a decorator; the job input names it with ``"handler": "name"``::
+
+    from s3batch.handlers import record_handler
+
+    @record_handler("uppercase_names")
+    def uppercase_names(value: dict) -> dict:
+        return {**value, "name": value["name"].upper()}
+
+A per-record handler (``@record_handler``) turns each record into one output value; returning
+``None`` drops the record, raising turns it into a reject carrying the error. A chunk handler
+(``@chunk_handler``) gets the whole list and returns a :class:`HandlerResult`; an exception it raises
+fails the attempt (Temporal retries it), so keep it for work that is all-or-nothing.
+
+Handlers must be deterministic (the same records give the same output): a retried chunk rewrites
+its output under the same key, and identical bytes are what make that rewrite harmless.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from s3batch.models import describe_validation_error
+from s3batch.records import Record
+
+
+class Reject(NamedTuple):
+    """A record the handler refused."""
+
+    line: int
+    reason: str
+    value: Any = None
+
+
+class HandlerResult(NamedTuple):
+    output: list[Any]
+    rejects: list[Reject]
+
+
+ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
+"""Takes the valid records of a chunk, returns outputs and rejects."""
+
+_REGISTRY: dict[str, ChunkHandler] = {}
+
+
+class UnknownHandlerError(KeyError):
+    pass
+
+
+def register(name: str, fn: ChunkHandler, *, replace: bool = False) -> None:
+    """Register ``fn`` as the chunk handler called ``name``."""
+    if name in _REGISTRY and _REGISTRY[name] is not fn and not replace:
+        raise ValueError(f"a handler named {name!r} is already registered")
+    _REGISTRY[name] = fn
+
+
+def chunk_handler(name: str) -> Callable[[ChunkHandler], ChunkHandler]:
+    """Decorator: register a function ``(records) -> HandlerResult`` under ``name``."""
+
+    def decorate(fn: ChunkHandler) -> ChunkHandler:
+        register(name, fn)
+        return fn
+
+    return decorate
+
+
+def record_handler(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
+    """Decorator: register a function ``(value) -> output | None`` applied to each record.
+
+    An exception raised for a record turns that record into a reject with the error as reason.
+    """
+
+    def decorate(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def run_chunk(records: Sequence[Record]) -> HandlerResult:
+            output: list[Any] = []
+            rejects: list[Reject] = []
+            for record in records:
+                try:
+                    result = fn(record.value)
+                except Exception as err:  # noqa: BLE001 - a poison record is a reject, not a crash
+                    rejects.append(Reject(record.line, describe_error(err), record.value))
+                    continue
+                if result is not None:
+                    output.append(result)
+            return HandlerResult(output, rejects)
+
+        register(name, run_chunk)
+        return fn
+
+    return decorate
+
+
+def get_handler(name: str) -> ChunkHandler:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise UnknownHandlerError(
+            f"no handler named {name!r} is registered on this worker (known: {known}); register it "
+            "with @record_handler/@chunk_handler in a module listed in S3BATCH_HANDLER_MODULES"
+        ) from None
+
+
+def handler_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def describe_error(err: Exception) -> str:
+    """A one-line reason for a reject; pydantic errors are listed field by field."""
+    if isinstance(err, ValidationError):
+        return describe_validation_error(err)
+    return f"{type(err).__name__}: {err}"
+
+
+@chunk_handler("passthrough")
+def passthrough(records: Sequence[Record]) -> HandlerResult:
+    """Each record becomes one JSON object as it is (CSV rows as ``{column: string}``)."""
+    return HandlerResult([r.value for r in records], [])
+
+
+class Customer(BaseModel):
+    """Example schema: one row of a customer import."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+    customer_id: int = Field(gt=0)
+    email: Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", max_length=254)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    country: Annotated[str, StringConstraints(pattern=r"^[A-Z]{2}$")]
+    amount: Decimal = Field(ge=0, max_digits=14, decimal_places=2)
+    created_at: datetime.datetime
+
+
+_validate_customer = Customer.model_validate
+
+
+@chunk_handler("customers")
+def customers(records: Sequence[Record]) -> HandlerResult:
+    """Validate each row against :class:`Customer`; invalid rows become rejects, not failures."""
+    output: list[Any] = []
+    rejects: list[Reject] = []
+    for record in records:
+        try:
+            customer = _validate_customer(record.value)
+        except ValidationError as err:
+            rejects.append(Reject(record.line, describe_error(err), record.value))
+            continue
+        output.append(customer.model_dump(mode="json"))
+    return HandlerResult(output, rejects)

@@ -1,0 +1,226 @@
+"""Data contracts shared by the workflow, the activities and the clients.
+
+Every model is plain JSON on the wire (Temporal's pydantic data converter), so a job can be started
+with ``temporal workflow start --input '{...}'`` as well as from Python. Models that cross the
+workflow boundary never carry record contents or credentials: only keys, versions, offsets and
+counters.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+
+BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
+"""An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
+
+Format = Literal["auto", "csv", "jsonl"]
+
+FileStatus = Literal["succeeded", "failed"]
+
+
+def describe_validation_error(err: ValidationError, *, what: str = "record") -> str:
+    """One line naming each invalid field and why, e.g. ``chunk_records: Input should be ...``."""
+    parts = []
+    for item in err.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in item["loc"]) or what
+        parts.append(f"{loc}: {item['msg']}")
+    return "; ".join(parts)
+
+
+class _Model(BaseModel):
+    # Unknown fields are an error everywhere: a typo in a job's input must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class S3BatchInput(_Model):
+    """Input of ``S3BatchWorkflow``: what to process, where to write it and how."""
+
+    bucket: BucketName
+    """Source bucket."""
+    prefix: str = ""
+    """Only objects whose key starts with this prefix are processed ("" = the whole bucket)."""
+    output_bucket: BucketName
+    """Bucket that receives the parts, rejects and the job report."""
+    output_prefix: str = ""
+    """Prefix of every output key: ``{output_prefix}{key}/part-00000.jsonl``."""
+    format: Format = "auto"
+    """``csv`` (RFC 4180 with a header row), ``jsonl``, or ``auto`` to pick by extension
+    (``.csv``, ``.jsonl``/``.ndjson``/``.json``, each optionally ``.gz``)."""
+    handler: str = Field("passthrough", min_length=1)
+    """Name of a registered handler (see ``s3batch.handlers``)."""
+    chunk_records: int = Field(10_000, ge=1, le=1_000_000)
+    """Records per chunk: one output part and one checkpoint per chunk."""
+    max_concurrent_files: int = Field(8, ge=1, le=1_000)
+    """Files processed at the same time by the whole job."""
+    heartbeat_timeout_seconds: int = Field(30, ge=2, le=3_600)
+    """A file whose worker is silent this long is retried on another worker, from its checkpoint."""
+    max_attempts: int = Field(5, ge=1, le=100)
+    """Attempts per file before it is reported as failed."""
+    max_failed_files: int = Field(0, ge=0)
+    """The job fails when more files than this failed (after every other file was processed)."""
+    max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
+    """A longer line becomes a reject instead of being read into memory."""
+
+    @model_validator(mode="after")
+    def _output_outside_source(self) -> S3BatchInput:
+        # Output keys are output_prefix + source key; if they fall under the source prefix of the
+        # same bucket, the listing would hand the job its own output.
+        if self.bucket == self.output_bucket and (self.output_prefix + self.prefix).startswith(self.prefix):
+            raise ValueError(
+                f"output_prefix {self.output_prefix!r} writes under the source prefix {self.prefix!r} "
+                f"of bucket {self.bucket!r}, so the job would process its own output; choose another "
+                "output_bucket or an output_prefix outside the source prefix"
+            )
+        return self
+
+
+class ObjectRef(_Model):
+    """One source object, pinned to the version seen when it was listed."""
+
+    key: str
+    etag: str
+    """ETag at listing time (quotes stripped); every read is conditional on it."""
+    size: int
+    version_id: str | None = None
+    """Version pinned at the first read, where the bucket is versioned."""
+
+
+class Totals(_Model):
+    """Job-wide counters, carried across continue-as-new."""
+
+    files_listed: int = 0
+    files_succeeded: int = 0
+    files_failed: int = 0
+    records: int = 0
+    """Records read from the sources (written + rejected)."""
+    records_written: int = 0
+    rejected: int = 0
+    bytes_read: int = 0
+
+
+class JobState(_Model):
+    """Workflow state handed from one run to the next by continue-as-new. Small by design."""
+
+    run: int = 0
+    continuation_token: str | None = None
+    listing_done: bool = False
+    pending: list[ObjectRef] = Field(default_factory=list)
+    """Objects of the current listing page that no run has started yet."""
+    totals: Totals = Field(default_factory=Totals)
+    report_segments: int = 0
+    """Per-file results of earlier runs, flushed to ``{output_prefix}_s3batch/report-NNNNN.jsonl``."""
+
+
+class ListObjectsInput(_Model):
+    bucket: str
+    prefix: str
+    continuation_token: str | None = None
+    page_size: int = Field(500, ge=1, le=1_000)
+
+
+class ListObjectsResult(_Model):
+    objects: list[ObjectRef]
+    next_token: str | None
+    """None once the listing is complete."""
+
+
+class ProcessFileInput(_Model):
+    """Input of the per-file activity."""
+
+    job_id: str
+    bucket: str
+    obj: ObjectRef
+    output_bucket: str
+    output_prefix: str
+    format: Format
+    handler: str
+    chunk_records: int
+    max_record_bytes: int
+
+
+class Checkpoint(_Model):
+    """Progress of one file: sent as heartbeat details and stored on every committed part.
+
+    Positions and counters only, never record contents.
+    """
+
+    next_record: int = 0
+    """Records of this file fully processed and written."""
+    byte_offset: int | None = 0
+    """Where the next record starts in the raw object; None for compressed objects."""
+    line: int = 1
+    """Physical line number where the next record starts (for reject messages)."""
+    chunk: int = 0
+    """Index of the next chunk to write."""
+    etag: str
+    version_id: str | None = None
+    fingerprint: str
+    """Hash of the options that shape the output; parts written under other options are not reused."""
+    records_written: int = 0
+    rejected: int = 0
+    done: bool = False
+    """True on the checkpoint of the final part: the whole file is written."""
+
+
+class FileResult(_Model):
+    """Outcome of one file, as listed in the job report."""
+
+    key: str
+    etag: str
+    status: FileStatus
+    records: int = 0
+    """Records read (written + rejected)."""
+    records_written: int = 0
+    rejected: int = 0
+    bytes_read: int = 0
+    chunks: int = 0
+    attempts: int = 1
+    resumed_from_record: int = 0
+    """``next_record`` the final attempt started from; 0 when it started fresh."""
+    error: str | None = None
+
+
+class ReportSegmentInput(_Model):
+    output_bucket: str
+    output_prefix: str
+    segment: int
+    files: list[FileResult]
+
+
+class FinalReportInput(_Model):
+    job_id: str
+    job: S3BatchInput
+    status: Literal["succeeded", "failed"]
+    totals: Totals
+    segments: int
+    """Number of segments flushed by earlier runs."""
+    files: list[FileResult]
+    """Results of the final run, not yet flushed."""
+
+
+class Progress(_Model):
+    """Answer of the ``progress`` query."""
+
+    files_listed: int
+    files_succeeded: int
+    files_failed: int
+    files_in_flight: int
+    records: int
+    records_written: int
+    rejected: int
+    bytes_read: int
+    listing_done: bool
+    run: int
+    in_flight: list[str] = Field(default_factory=list)
+    """Keys of the files being processed now."""
+
+
+class S3BatchResult(_Model):
+    """Result of ``S3BatchWorkflow``: job totals and where the full report is."""
+
+    status: Literal["succeeded", "failed"]
+    totals: Totals
+    report_bucket: str
+    report_key: str

@@ -1,0 +1,77 @@
+"""``S3BatchPlugin``: add s3batch to your own Temporal client and worker with ``plugins=[...]``.
+
+On a client it installs the pydantic data converter (the job models are pydantic); on a worker it
+also registers ``S3BatchWorkflow`` and the activities, and gives the (synchronous) activities a
+thread pool when the worker has none::
+
+    client = await Client.connect("localhost:7233", plugins=[S3BatchPlugin()])
+    worker = Worker(client, task_queue="s3-batch")  # workflows and activities come from the plugin
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import WorkerConfig
+
+from activities.s3_activities import S3Activities
+from s3batch.s3io import S3Client, make_client
+from workflows.batch import S3BatchWorkflow
+
+_DEFAULT_ACTIVITY_SLOTS = 100  # the SDK's default max_concurrent_activities
+
+
+def _with_pydantic(existing: DataConverter | None) -> DataConverter:
+    # Keep whatever codec or failure converter the user configured; only swap the payload converter.
+    if existing is None:
+        return pydantic_data_converter
+    return dataclasses.replace(existing, payload_converter_class=pydantic_data_converter.payload_converter_class)
+
+
+class S3BatchPlugin(SimplePlugin):
+    """The s3batch workflow, activities and data converter as one Temporal plugin.
+
+    Args:
+        s3: The boto3 S3 client the activities use; by default one is built from the environment
+            (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``, credentials) when a worker is configured.
+    """
+
+    def __init__(self, s3: S3Client | None = None) -> None:
+        self._s3 = s3
+        self._activities: S3Activities | None = None
+        super().__init__(
+            "s3batch",
+            data_converter=_with_pydantic,
+            workflows=[S3BatchWorkflow],
+            activities=self._add_activities,
+        )
+
+    @property
+    def s3_activities(self) -> S3Activities:
+        """The activities object (built on first use)."""
+        if self._activities is None:
+            self._activities = S3Activities(self._s3 if self._s3 is not None else make_client())
+        return self._activities
+
+    def _add_activities(self, existing: Any) -> list[Any]:
+        acts = self.s3_activities
+        return [
+            *(existing or []),
+            acts.check_job,
+            acts.list_objects,
+            acts.process_file,
+            acts.write_report_segment,
+            acts.write_report,
+        ]
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        config = super().configure_worker(config)
+        if config.get("activity_executor") is None:
+            slots = config.get("max_concurrent_activities") or _DEFAULT_ACTIVITY_SLOTS
+            config["activity_executor"] = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="s3batch")
+        return config

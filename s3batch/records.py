@@ -1,0 +1,270 @@
+"""Streaming record parsers that know exactly where each record ends.
+
+A parser reads a binary stream line by line and yields :class:`Record` tuples. After each record it
+exposes ``offset`` (bytes of the stream consumed, which is where the next record starts) and
+``line`` (the physical line where the next record starts), so a checkpoint taken between two
+records can be resumed with a ranged GET from ``offset``.
+
+Malformed input never raises: a record that cannot be parsed is yielded with ``error`` set and
+becomes a reject (with its line number) instead of failing the file.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from typing import IO, Any, Literal, NamedTuple
+
+import orjson
+
+ParsedFormat = Literal["csv", "jsonl"]
+
+_CSV_EXTENSIONS = (".csv", ".tsv")
+_JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
+_BOM = "\ufeff"
+
+
+class Record(NamedTuple):
+    """One parsed record."""
+
+    line: int
+    """Physical line (1-based) where the record starts in the decompressed object."""
+    value: Any
+    """A ``{column: value}`` dict for CSV, any JSON value for JSONL; None when ``error`` is set."""
+    error: str | None = None
+    """Why the record could not be parsed, or None."""
+
+
+class UnknownFormatError(ValueError):
+    """The format is ``auto`` and the key's extension names no supported format."""
+
+
+def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
+    """Return ``(format, gzip)`` for an object key.
+
+    Args:
+        key: The object key; a ``.gz`` suffix means gzip.
+        fmt: ``csv``, ``jsonl`` or ``auto`` (pick by extension).
+
+    Raises:
+        UnknownFormatError: ``fmt`` is ``auto`` and the extension is not recognised.
+    """
+    lowered = key.lower()
+    gz = lowered.endswith(".gz")
+    base = lowered[:-3] if gz else lowered
+    if fmt == "csv" or fmt == "jsonl":
+        return fmt, gz
+    if base.endswith(_CSV_EXTENSIONS):
+        return "csv", gz
+    if base.endswith(_JSONL_EXTENSIONS):
+        return "jsonl", gz
+    raise UnknownFormatError(
+        f"cannot tell the format of {key!r} from its extension (expected .csv, .jsonl, .ndjson or "
+        ".json, optionally .gz); set format to 'csv' or 'jsonl' in the job input"
+    )
+
+
+class _LineSource:
+    """Hands out the lines of a binary stream, counting bytes and lines exactly.
+
+    Lines longer than ``max_line_bytes`` are skipped (read in bounded pieces and discarded) and
+    replaced by an empty line flagged in ``bad_lines``, so a huge line costs no memory.
+    """
+
+    def __init__(self, stream: IO[bytes], offset: int, line: int, max_line_bytes: int) -> None:
+        self.stream = stream
+        self.offset = offset
+        """Bytes handed out so far (absolute position in the object)."""
+        self.lines = line - 1
+        """Physical lines handed out so far."""
+        self.max_line_bytes = max_line_bytes
+        self.bad_lines: dict[int, str] = {}
+        """Line number -> problem, for lines that are too long or not UTF-8."""
+
+    def raw_lines(self) -> Iterator[bytes]:
+        readline = self.stream.readline
+        limit = self.max_line_bytes + 1
+        while True:
+            raw = readline(limit)
+            if not raw:
+                return
+            self.lines += 1
+            if len(raw) == limit and not raw.endswith(b"\n"):
+                size = len(raw)
+                while raw and not raw.endswith(b"\n"):
+                    raw = readline(1024 * 1024)
+                    size += len(raw)
+                self.offset += size
+                self.bad_lines[self.lines] = (
+                    f"line is longer than max_record_bytes ({self.max_line_bytes} bytes)"
+                )
+                yield b"\n"
+                continue
+            self.offset += len(raw)
+            yield raw
+
+    def text_lines(self) -> Iterator[str]:
+        for raw in self.raw_lines():
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                self.bad_lines[self.lines] = f"invalid UTF-8 at byte {err.start} of the line"
+                yield raw.decode("utf-8", "replace")
+
+
+class CsvParser:
+    """RFC 4180 CSV with a header row: quoted fields with commas and newlines, CRLF, UTF-8 BOM."""
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        offset: int = 0,
+        line: int = 1,
+        header: list[str] | None = None,
+        max_line_bytes: int = 8 * 1024 * 1024,
+        delimiter: str = ",",
+    ) -> None:
+        """Create a parser.
+
+        Args:
+            stream: Binary stream positioned at ``offset`` of the (decompressed) object.
+            offset: Position of ``stream`` in the object; 0 means the header row comes first.
+            line: Physical line number at ``offset``.
+            header: Column names, required when resuming from ``offset > 0``.
+            max_line_bytes: Longer lines become rejects.
+            delimiter: Field delimiter.
+        """
+        if offset > 0 and header is None:
+            raise ValueError("resuming a CSV from a byte offset needs its header")
+        self._src = _LineSource(stream, offset, line, max_line_bytes)
+        self.header = header
+        self._delimiter = delimiter
+
+    @property
+    def offset(self) -> int:
+        return self._src.offset
+
+    @property
+    def line(self) -> int:
+        return self._src.lines + 1
+
+    def __iter__(self) -> Iterator[Record]:
+        src = self._src
+        texts = src.text_lines()
+        if src.offset == 0:
+            texts = _strip_bom(texts)
+        reader = csv.reader(texts, delimiter=self._delimiter, strict=True)
+        bad = src.bad_lines
+        if self.header is None:
+            try:
+                self.header = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                raise ValueError(f"the header row is not valid CSV: {err}") from None
+        header = self.header
+        width = len(header)
+        while True:
+            start = src.lines + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                _take_problems(bad, start, src.lines)
+                yield Record(start, None, f"malformed CSV ({err}) in lines {start}-{src.lines}")
+                continue
+            if bad:
+                problems = _take_problems(bad, start, src.lines)
+                if problems:
+                    yield Record(start, None, problems)
+                    continue
+            if not row:
+                continue  # blank line: not a record
+            if len(row) != width:
+                yield Record(start, None, f"expected {width} fields (as in the header), got {len(row)}")
+                continue
+            yield Record(start, dict(zip(header, row)))
+
+
+def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
+    """Remove and join the problems flagged on lines ``first..last``."""
+    found = [bad.pop(n) for n in range(first, last + 1) if n in bad]
+    return "; ".join(found) if found else None
+
+
+class JsonlParser:
+    """One JSON value per line; blank lines are skipped."""
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        offset: int = 0,
+        line: int = 1,
+        max_line_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self._src = _LineSource(stream, offset, line, max_line_bytes)
+        self.header: list[str] | None = None
+
+    @property
+    def offset(self) -> int:
+        return self._src.offset
+
+    @property
+    def line(self) -> int:
+        return self._src.lines + 1
+
+    def __iter__(self) -> Iterator[Record]:
+        src = self._src
+        loads = orjson.loads
+        bad = src.bad_lines
+        first = src.offset == 0
+        for raw in src.raw_lines():
+            if first:
+                first = False
+                if raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+            if bad and src.lines in bad:
+                yield Record(src.lines, None, bad.pop(src.lines))
+                continue
+            if raw.isspace() or not raw:
+                continue
+            try:
+                yield Record(src.lines, loads(raw))
+            except orjson.JSONDecodeError as err:
+                yield Record(src.lines, None, f"invalid JSON: {err}")
+
+
+Parser = CsvParser | JsonlParser
+
+
+def make_parser(
+    fmt: ParsedFormat,
+    stream: IO[bytes],
+    *,
+    offset: int = 0,
+    line: int = 1,
+    header: list[str] | None = None,
+    max_line_bytes: int = 8 * 1024 * 1024,
+) -> Parser:
+    """Build the parser for ``fmt`` reading ``stream`` from ``offset``."""
+    if fmt == "csv":
+        return CsvParser(stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes)
+    return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)
+
+
+def read_csv_header(stream: IO[bytes], max_line_bytes: int = 8 * 1024 * 1024) -> list[str] | None:
+    """Read only the header row of a CSV stream that starts at byte 0 (None for an empty file)."""
+    parser = CsvParser(stream, max_line_bytes=max_line_bytes)
+    for _ in parser:
+        break
+    return parser.header
+
+
+def _strip_bom(lines: Iterator[str]) -> Iterator[str]:
+    for first in lines:
+        yield first[1:] if first.startswith(_BOM) else first
+        break
+    yield from lines

@@ -1,0 +1,220 @@
+"""S3 access for the activities: pinned ranged reads, error translation, client construction.
+
+boto3 is configured through its own chain (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``, credentials,
+profiles); only retry and pool settings are set here. Transient errors (throttling, 5xx, resets)
+are retried by botocore's ``standard`` retry mode first, then by Temporal's activity retries.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from temporalio.exceptions import ApplicationError
+from urllib3.exceptions import ProtocolError
+
+S3Client = Any
+"""A boto3 S3 client (boto3 ships no static types for it)."""
+
+# Application error types the workflow and users can match on.
+SOURCE_CHANGED = "SourceChanged"
+NOT_FOUND = "NotFound"
+ACCESS_DENIED = "AccessDenied"
+UNKNOWN_HANDLER = "UnknownHandler"
+INVALID_INPUT = "InvalidInput"
+BAD_FILE = "BadFile"
+S3_ERROR = "S3Error"
+WORKER_SHUTDOWN = "WorkerShutdown"
+
+NON_RETRYABLE_TYPES = [SOURCE_CHANGED, NOT_FOUND, ACCESS_DENIED, UNKNOWN_HANDLER, INVALID_INPUT, BAD_FILE]
+
+_MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"}
+_DENIED_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+_CHANGED_CODES = {"PreconditionFailed", "412"}
+
+_STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
+
+
+def make_client(max_pool_connections: int = 32) -> S3Client:
+    """An S3 client from boto3's default chain, with retries suited to long batch jobs."""
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 6},
+        max_pool_connections=max_pool_connections,
+        connect_timeout=10,
+        read_timeout=60,
+    )
+    return boto3.session.Session().client("s3", config=config)
+
+
+def error_code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = None) -> NoReturn:
+    """Re-raise an S3 error as an ``ApplicationError`` that says what, where and what to do.
+
+    Missing objects or buckets, denied access and changed sources are not retryable: retrying
+    cannot fix them. Everything else (throttling, 5xx, network) is left retryable.
+    """
+    where = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
+    if isinstance(err, ClientError):
+        code = error_code(err)
+        if code in _CHANGED_CODES:
+            raise ApplicationError(
+                f"{where} changed since it was listed (its ETag no longer matches); the output of this "
+                "file was not completed. Re-run the job to process the new version.",
+                type=SOURCE_CHANGED,
+                non_retryable=True,
+            ) from None
+        if code in _MISSING_CODES:
+            what = "bucket" if code == "NoSuchBucket" or key is None else "object"
+            raise ApplicationError(
+                f"{action} {where}: the {what} does not exist ({code}). Check the bucket and key, "
+                "and that the endpoint and region are the right ones.",
+                type=NOT_FOUND,
+                non_retryable=True,
+            ) from None
+        if code in _DENIED_CODES:
+            raise ApplicationError(
+                f"{action} {where}: access denied ({code}). Give the worker's credentials the "
+                "s3:GetObject/s3:ListBucket permissions on the source and s3:PutObject on the output.",
+                type=ACCESS_DENIED,
+                non_retryable=True,
+            ) from None
+        raise ApplicationError(f"{action} {where} failed: {code}: {err}", type=S3_ERROR) from None
+    if isinstance(err, (BotoCoreError, *_STREAM_ERRORS)):
+        raise ApplicationError(f"{action} {where} failed: {err}", type=S3_ERROR) from None
+    raise err
+
+
+class RangedReader(io.RawIOBase):
+    """A read-only stream over one object version, fetched as a sequence of bounded ranged GETs.
+
+    Every GET carries ``IfMatch`` (and ``VersionId`` when known), so an object overwritten while a
+    long file is being read is noticed at the next window instead of mixing old and new bytes (an
+    open GET keeps streaming the old bytes). A connection reset mid-window is retried from the exact
+    byte position.
+    """
+
+    def __init__(
+        self,
+        client: S3Client,
+        bucket: str,
+        key: str,
+        *,
+        etag: str,
+        size: int,
+        version_id: str | None = None,
+        start: int = 0,
+        window: int = 16 * 1024 * 1024,
+        on_bytes: Callable[[int], None] | None = None,
+        stream_retries: int = 3,
+    ) -> None:
+        super().__init__()
+        self._client = client
+        self._bucket = bucket
+        self._key = key
+        self._etag = etag
+        self._size = size
+        self._version_id = version_id
+        self._pos = start
+        self._window = window
+        self._body: Any = None
+        self._window_end = start
+        self._on_bytes = on_bytes
+        self._stream_retries = stream_retries
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self) -> None:
+        end = min(self._pos + self._window, self._size) - 1
+        kwargs: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": self._key,
+            "Range": f"bytes={self._pos}-{end}",
+            "IfMatch": f'"{self._etag}"',
+        }
+        if self._version_id:
+            kwargs["VersionId"] = self._version_id
+        try:
+            response = self._client.get_object(**kwargs)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "reading", self._bucket, self._key)
+        self._body = response["Body"]
+        self._window_end = end + 1
+
+    def readinto(self, buffer: Any) -> int:
+        if self._pos >= self._size:
+            return 0
+        for attempt in range(self._stream_retries + 1):
+            try:
+                if self._body is None or self._pos >= self._window_end:
+                    self._close_body()
+                    self._open()
+                want = min(len(buffer), self._window_end - self._pos)
+                data = self._body.read(want)
+                if not data:
+                    raise ConnectionClosedError(endpoint_url=f"s3://{self._bucket}/{self._key}")
+                n = len(data)
+                buffer[:n] = data
+                self._pos += n
+                if self._on_bytes is not None:
+                    self._on_bytes(n)
+                return n
+            except _STREAM_ERRORS as err:
+                self._close_body()
+                if attempt == self._stream_retries:
+                    raise_s3_error(err, "reading", self._bucket, self._key)
+                time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _close_body(self) -> None:
+        if self._body is not None:
+            try:
+                self._body.close()
+            except Exception:  # noqa: BLE001 - closing a broken stream must not hide the real error
+                pass
+            self._body = None
+
+    def close(self) -> None:
+        self._close_body()
+        super().close()
+
+
+def open_object(
+    client: S3Client,
+    bucket: str,
+    key: str,
+    *,
+    etag: str,
+    size: int,
+    version_id: str | None = None,
+    start: int = 0,
+    window: int = 16 * 1024 * 1024,
+    on_bytes: Callable[[int], None] | None = None,
+) -> io.BufferedReader:
+    """A buffered binary stream over ``bucket/key`` from byte ``start``, pinned to ``etag``."""
+    raw = RangedReader(
+        client,
+        bucket,
+        key,
+        etag=etag,
+        size=size,
+        version_id=version_id,
+        start=start,
+        window=window,
+        on_bytes=on_bytes,
+    )
+    return io.BufferedReader(raw, buffer_size=1024 * 1024)

@@ -1,0 +1,75 @@
+"""Fixtures: one real local stack (Temporal dev server + SeaweedFS) per test session, on free
+loopback ports; a fresh task queue and fresh buckets per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from s3batch.devstack import Stack, StackConfig, ensure_buckets, s3_client
+from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = Path(tmp_path_factory.mktemp("stack"))
+    stack = Stack(StackConfig.random_ports(root))
+    stack.start()
+    # Everything built from the environment (boto3, envconfig, worker subprocesses) uses this stack.
+    saved = {k: os.environ.get(k) for k in stack.config.env()}
+    os.environ.update(stack.config.env())
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3(stack: Stack) -> Any:
+    return s3_client(stack.config)
+
+
+@pytest.fixture(scope="session")
+async def client(stack: Stack) -> Client:
+    return await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin(make_client())])
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"tq-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def buckets(s3: Any) -> tuple[str, str]:
+    """A fresh source and output bucket for this test."""
+    tag = uuid.uuid4().hex[:10]
+    src, out = f"src-{tag}", f"out-{tag}"
+    ensure_buckets(s3, src, out)
+    return src, out
+
+
+@pytest.fixture
+async def worker(client: Client, task_queue: str) -> AsyncIterator[Worker]:
+    """An in-process worker on this test's task queue."""
+    w = Worker(
+        client,
+        task_queue=task_queue,
+        max_concurrent_activities=8,
+        activity_executor=ThreadPoolExecutor(8),
+    )
+    async with w:
+        yield w

@@ -1,0 +1,90 @@
+"""End-to-end: jobs through the real dev server and the real S3 server."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+from typing import Any
+
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Worker
+
+from s3batch.models import S3BatchInput, S3BatchResult
+from workflows.batch import S3BatchWorkflow
+
+
+def read_jsonl(s3: Any, bucket: str, prefix: str, kind: str = "part") -> list[Any]:
+    rows: list[Any] = []
+    keys = sorted(
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
+        if o["Key"].rsplit("/", 1)[-1].startswith(f"{kind}-")
+    )
+    for key in keys:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        rows.extend(json.loads(line) for line in body.splitlines() if line)
+    return rows
+
+
+async def run_job(client: Client, task_queue: str, job: S3BatchInput) -> S3BatchResult:
+    return await client.execute_workflow(
+        S3BatchWorkflow.run, job, id=f"job-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+    )
+
+
+async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_queue: str, s3: Any, buckets):
+    src, out = buckets
+    csv_rows = ["id,name,note"] + [f'{i},name {i},"quoted, with comma\nand newline {i}"' for i in range(2500)]
+    s3.put_object(Bucket=src, Key="in/customers.csv", Body=("\r\n".join(csv_rows) + "\r\n").encode())
+    jsonl = "".join(json.dumps({"n": i}) + "\n" for i in range(1200)) + "{not json}\n"
+    s3.put_object(Bucket=src, Key="in/events.jsonl", Body=jsonl.encode())
+    s3.put_object(Bucket=src, Key="in/events2.jsonl.gz", Body=gzip.compress(jsonl.encode()))
+    s3.put_object(Bucket=src, Key="in/folder/", Body=b"")
+
+    result = await run_job(
+        client, task_queue, S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="run1/", chunk_records=1000)
+    )
+    assert result.status == "succeeded"
+    assert result.totals.files_listed == 3
+    assert result.totals.files_succeeded == 3
+    assert result.totals.records_written == 2500 + 1200 * 2
+    assert result.totals.rejected == 2
+
+    rows = read_jsonl(s3, out, "run1/in/customers.csv/")
+    assert [int(r["id"]) for r in rows] == list(range(2500))
+    assert rows[7]["note"] == "quoted, with comma\nand newline 7"
+    assert len(read_jsonl(s3, out, "run1/in/events2.jsonl.gz/")) == 1200
+    rejects = read_jsonl(s3, out, "run1/in/events.jsonl/", "rejects")
+    assert len(rejects) == 1 and rejects[0]["line"] == 1201 and "invalid JSON" in rejects[0]["reason"]
+
+    report = json.loads(s3.get_object(Bucket=out, Key="run1/_report.json")["Body"].read())
+    assert report["status"] == "succeeded"
+    by_key = {f["key"]: f for f in report["files"]}
+    assert set(by_key) == {"in/customers.csv", "in/events.jsonl", "in/events2.jsonl.gz"}
+    assert by_key["in/customers.csv"]["records"] == 2500
+    assert by_key["in/customers.csv"]["resumed_from_record"] == 0
+
+
+async def test_empty_prefix_is_a_successful_empty_job(client: Client, worker: Worker, task_queue: str, buckets):
+    src, out = buckets
+    result = await run_job(client, task_queue, S3BatchInput(bucket=src, prefix="nothing/", output_bucket=out))
+    assert result.status == "succeeded"
+    assert result.totals.files_listed == 0
+
+
+async def test_bad_input_fails_fast_naming_the_field(client: Client, worker: Worker, task_queue: str):
+    try:
+        await client.execute_workflow(
+            "S3BatchWorkflow",
+            {"bucket": "incoming", "output_bucket": "processed", "chunk_records": -5, "colour": "red"},
+            id=f"bad-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+        )
+    except WorkflowFailureError as err:
+        cause = err.cause
+        assert cause.type == "InvalidInput"
+        assert "chunk_records" in cause.message and "colour" in cause.message
+    else:
+        raise AssertionError("a bad input must fail the workflow")

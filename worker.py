@@ -1,0 +1,66 @@
+"""The s3batch worker: runs ``S3BatchWorkflow`` and its activities until SIGTERM/SIGINT.
+
+Configuration comes from the environment (see ``s3batch.config``). On SIGTERM (a deploy,
+``docker stop``) the worker stops polling at once; files in flight stop at their next chunk boundary,
+checkpoint, and continue on another worker about a second later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import timedelta
+
+from temporalio.worker import Worker
+
+from s3batch.config import Settings, connect
+from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
+
+log = logging.getLogger("s3batch.worker")
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    """Connect, run the worker until ``stop`` is set, then shut down gracefully."""
+    settings.import_handler_modules()
+    # One S3 client for all activity threads, with a connection per slot.
+    plugin = S3BatchPlugin(make_client(max_pool_connections=settings.max_concurrent_files + 4))
+    client = await connect([plugin])
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        max_concurrent_activities=settings.max_concurrent_files,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+    )
+    async with worker:
+        log.info(
+            "worker polling task queue %r on %s (namespace %s), %d file slots",
+            settings.task_queue,
+            client.service_client.config.target_host,
+            client.namespace,
+            settings.max_concurrent_files,
+        )
+        await stop.wait()
+        log.info("shutting down: in-flight files stop at their next chunk boundary and move on")
+    log.info("worker stopped")
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        loop.run_until_complete(run_worker(settings, stop))
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""``S3BatchWorkflow``: list a prefix page by page and process every object, durably.
+
+The workflow holds at most one listing page of keys, runs at most ``max_concurrent_files`` file
+activities at once, and continues as new every ``FILES_PER_RUN`` files (or when the server suggests
+it), flushing that run's per-file results to S3 so its history and state stay small whatever the
+number of files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+
+with workflow.unsafe.imports_passed_through():
+    from activities.s3_activities import S3Activities
+    from s3batch import layout
+    from s3batch.models import (
+        FileResult,
+        FinalReportInput,
+        JobState,
+        ListObjectsInput,
+        ObjectRef,
+        ProcessFileInput,
+        Progress,
+        ReportSegmentInput,
+        S3BatchInput,
+        S3BatchResult,
+        describe_validation_error,
+    )
+    from s3batch.s3io import INVALID_INPUT, NON_RETRYABLE_TYPES
+
+FILES_PER_RUN = 500
+"""Files started by one run before it continues as new (keeps each run's history bounded)."""
+
+LIST_PAGE_SIZE = 500
+
+_SHORT_ACTIVITY = {
+    "start_to_close_timeout": timedelta(minutes=5),
+    "retry_policy": RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        maximum_interval=timedelta(seconds=30),
+        non_retryable_error_types=NON_RETRYABLE_TYPES,
+    ),
+}
+
+
+def parse_job(raw: Any) -> S3BatchInput:
+    """Validate the workflow input, turning a bad input into a clear, non-retryable failure.
+
+    The workflow method takes ``Any`` on purpose: had it declared ``S3BatchInput``, a decoding error
+    would fail the workflow *task*, which the server retries forever (the job would hang).
+    """
+    if isinstance(raw, S3BatchInput):
+        return raw
+    try:
+        return S3BatchInput.model_validate(raw)
+    except ValidationError as err:
+        raise ApplicationError(
+            f"invalid job input: {describe_validation_error(err, what='input')}",
+            type=INVALID_INPUT,
+            non_retryable=True,
+        ) from None
+
+
+@workflow.defn(name="S3BatchWorkflow")
+class S3BatchWorkflow:
+    def __init__(self) -> None:
+        self._state = JobState()
+        self._in_flight: dict[str, ObjectRef] = {}
+        self._results: list[FileResult] = []
+        self._finished = 0
+
+    @workflow.run
+    async def run(self, job: Any, state: Any = None) -> S3BatchResult:
+        """Process every object under ``bucket/prefix``.
+
+        Args:
+            job: The job, as an :class:`S3BatchInput` or its JSON.
+            state: Set by continue-as-new only.
+        """
+        spec = parse_job(job)
+        self._job = spec
+        if state is not None:
+            self._state = JobState.model_validate(state)
+        st = self._state
+        self._update_details()
+        if st.run == 0:
+            await workflow.execute_activity_method(S3Activities.check_job, spec, **_SHORT_ACTIVITY)
+
+        started_this_run = 0
+        while True:
+            while len(self._in_flight) < spec.max_concurrent_files:
+                if started_this_run >= FILES_PER_RUN or workflow.info().is_continue_as_new_suggested():
+                    break
+                if not st.pending:
+                    if st.listing_done:
+                        break
+                    await self._list_next_page()
+                    continue
+                obj = st.pending.pop(0)
+                self._in_flight[obj.key] = obj
+                started_this_run += 1
+                asyncio.create_task(self._process(obj))
+            if not self._in_flight:
+                break
+            finished = self._finished
+            await workflow.wait_condition(lambda: self._finished != finished)
+
+        if st.pending or not st.listing_done:
+            await self._continue_as_new()
+        return await self._finish()
+
+    async def _list_next_page(self) -> None:
+        st = self._state
+        spec = self._job
+        page = await workflow.execute_activity_method(
+            S3Activities.list_objects,
+            ListObjectsInput(
+                bucket=spec.bucket,
+                prefix=spec.prefix,
+                continuation_token=st.continuation_token,
+                page_size=LIST_PAGE_SIZE,
+            ),
+            **_SHORT_ACTIVITY,
+        )
+        st.pending = list(page.objects)
+        st.continuation_token = page.next_token
+        st.listing_done = page.next_token is None
+        st.totals.files_listed += len(page.objects)
+        self._update_details()
+
+    async def _process(self, obj: ObjectRef) -> None:
+        spec = self._job
+        try:
+            result = await workflow.execute_activity_method(
+                S3Activities.process_file,
+                ProcessFileInput(
+                    job_id=workflow.info().workflow_id,
+                    bucket=spec.bucket,
+                    obj=obj,
+                    output_bucket=spec.output_bucket,
+                    output_prefix=spec.output_prefix,
+                    format=spec.format,
+                    handler=spec.handler,
+                    chunk_records=spec.chunk_records,
+                    max_record_bytes=spec.max_record_bytes,
+                ),
+                start_to_close_timeout=timedelta(hours=24),
+                heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=60),
+                    maximum_attempts=spec.max_attempts,
+                    non_retryable_error_types=NON_RETRYABLE_TYPES,
+                ),
+                summary=obj.key,
+            )
+        except ActivityError as err:
+            result = _failed_result(obj, err, spec.max_attempts)
+            workflow.logger.warning("file s3://%s/%s failed: %s", spec.bucket, obj.key, result.error)
+        self._record(result)
+        del self._in_flight[obj.key]
+        self._finished += 1
+        self._update_details()
+
+    def _record(self, result: FileResult) -> None:
+        totals = self._state.totals
+        if result.status == "succeeded":
+            totals.files_succeeded += 1
+        else:
+            totals.files_failed += 1
+        totals.records += result.records
+        totals.records_written += result.records_written
+        totals.rejected += result.rejected
+        totals.bytes_read += result.bytes_read
+        self._results.append(result)
+
+    async def _continue_as_new(self) -> None:
+        st = self._state
+        spec = self._job
+        if self._results:
+            await workflow.execute_activity_method(
+                S3Activities.write_report_segment,
+                ReportSegmentInput(
+                    output_bucket=spec.output_bucket,
+                    output_prefix=spec.output_prefix,
+                    segment=st.report_segments,
+                    files=self._results,
+                ),
+                **_SHORT_ACTIVITY,
+            )
+            st.report_segments += 1
+        st.run += 1
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(args=[spec.model_dump(mode="json"), st.model_dump(mode="json")])
+
+    async def _finish(self) -> S3BatchResult:
+        st = self._state
+        spec = self._job
+        failed = st.totals.files_failed > spec.max_failed_files
+        status = "failed" if failed else "succeeded"
+        key = await workflow.execute_activity_method(
+            S3Activities.write_report,
+            FinalReportInput(
+                job_id=workflow.info().workflow_id,
+                job=spec,
+                status=status,
+                totals=st.totals,
+                segments=st.report_segments,
+                files=self._results,
+            ),
+            **_SHORT_ACTIVITY,
+        )
+        self._update_details(final=status)
+        if failed:
+            raise ApplicationError(
+                f"{st.totals.files_failed} of {st.totals.files_listed} files failed (max_failed_files="
+                f"{spec.max_failed_files}); every other file was processed. The report at "
+                f"s3://{spec.output_bucket}/{key} lists each failed file with its error.",
+                type="JobFailed",
+                non_retryable=True,
+            )
+        return S3BatchResult(status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key)
+
+    @workflow.query
+    def progress(self) -> Progress:
+        """Counters of the whole job (all runs so far) and the files in flight."""
+        t = self._state.totals
+        return Progress(
+            files_listed=t.files_listed,
+            files_succeeded=t.files_succeeded,
+            files_failed=t.files_failed,
+            files_in_flight=len(self._in_flight),
+            records=t.records,
+            records_written=t.records_written,
+            rejected=t.rejected,
+            bytes_read=t.bytes_read,
+            listing_done=self._state.listing_done,
+            run=self._state.run,
+            in_flight=sorted(self._in_flight),
+        )
+
+    def _update_details(self, final: str | None = None) -> None:
+        t = self._state.totals
+        spec = getattr(self, "_job", None)
+        head = f"s3://{spec.bucket}/{spec.prefix} -> s3://{spec.output_bucket}/{spec.output_prefix}" if spec else ""
+        state = final or ("listing" if not self._state.listing_done else "processing")
+        workflow.set_current_details(
+            f"**{state}** {head}\n\n"
+            f"files: {t.files_succeeded + t.files_failed} done of {t.files_listed} listed"
+            f"{'' if self._state.listing_done else '+'}, {t.files_failed} failed, "
+            f"{len(self._in_flight)} in flight\n\n"
+            f"records: {t.records_written} written, {t.rejected} rejected; {t.bytes_read} bytes read"
+            + (f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}" if final and spec else "")
+        )
+
+
+def _failed_result(obj: ObjectRef, err: ActivityError, max_attempts: int) -> FileResult:
+    cause = err.cause
+    attempts = max_attempts if err.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED else 1
+    if isinstance(cause, ApplicationError):
+        if cause.details and isinstance(cause.details[0], dict) and "attempt" in cause.details[0]:
+            attempts = int(cause.details[0]["attempt"])
+        message = f"{cause.type or 'Error'}: {cause.message}"
+    else:
+        message = f"{type(cause).__name__}: {cause}" if cause else str(err)
+    return FileResult(key=obj.key, etag=obj.etag, status="failed", attempts=attempts, error=message)
