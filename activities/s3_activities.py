@@ -227,7 +227,7 @@ class _FileJob:
         version = head.get("VersionId")
         return version if version and version != "null" else None
 
-    def _committed(self, chunk: int) -> Checkpoint | None | bool:
+    def _committed(self, chunk: int) -> Checkpoint | bool | None:
         """The checkpoint stored on part ``chunk``: a Checkpoint, None if absent, False if it was
         written for another source version or other options."""
         key = layout.part_key(self.req.output_prefix, self.obj.key, chunk)
@@ -372,7 +372,8 @@ class _FileJob:
                     rejects: list[Reject] = []
                     taken = 0
                     while taken < req.chunk_records:
-                        batch = lookahead + list(islice(records, min(sub_batch, req.chunk_records - taken) - len(lookahead)))
+                        want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
+                        batch = lookahead + list(islice(records, want))
                         lookahead = []
                         if not batch:
                             break

@@ -111,6 +111,8 @@ class JobState(_Model):
     totals: Totals = Field(default_factory=Totals)
     report_segments: int = 0
     """Per-file results of earlier runs, flushed to ``{output_prefix}_s3batch/report-NNNNN.jsonl``."""
+    files_per_run: int = Field(500, ge=1, le=2_000)
+    """Files one run starts before it continues as new."""
 
 
 class ListObjectsInput(_Model):

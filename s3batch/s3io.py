@@ -7,6 +7,7 @@ are retried by botocore's ``standard`` retry mode first, then by Temporal's acti
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from collections.abc import Callable
@@ -182,10 +183,9 @@ class RangedReader(io.RawIOBase):
 
     def _close_body(self) -> None:
         if self._body is not None:
-            try:
+            # Closing a broken stream must not hide the real error.
+            with contextlib.suppress(Exception):
                 self._body.close()
-            except Exception:  # noqa: BLE001 - closing a broken stream must not hide the real error
-                pass
             self._body = None
 
     def close(self) -> None:

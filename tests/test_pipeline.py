@@ -44,7 +44,9 @@ async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_qu
     s3.put_object(Bucket=src, Key="in/folder/", Body=b"")
 
     result = await run_job(
-        client, task_queue, S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="run1/", chunk_records=1000)
+        client,
+        task_queue,
+        S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="run1/", chunk_records=1000),
     )
     assert result.status == "succeeded"
     assert result.totals.files_listed == 3

@@ -1,7 +1,7 @@
 """``S3BatchWorkflow``: list a prefix page by page and process every object, durably.
 
 The workflow holds at most one listing page of keys, runs at most ``max_concurrent_files`` file
-activities at once, and continues as new every ``FILES_PER_RUN`` files (or when the server suggests
+activities at once, and continues as new every ``JobState.files_per_run`` files (or when the server suggests
 it), flushing that run's per-file results to S3 so its history and state stay small whatever the
 number of files.
 """
@@ -34,9 +34,6 @@ with workflow.unsafe.imports_passed_through():
         describe_validation_error,
     )
     from s3batch.s3io import INVALID_INPUT, NON_RETRYABLE_TYPES
-
-FILES_PER_RUN = 500
-"""Files started by one run before it continues as new (keeps each run's history bounded)."""
 
 LIST_PAGE_SIZE = 500
 
@@ -75,6 +72,7 @@ class S3BatchWorkflow:
         self._in_flight: dict[str, ObjectRef] = {}
         self._results: list[FileResult] = []
         self._finished = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @workflow.run
     async def run(self, job: Any, state: Any = None) -> S3BatchResult:
@@ -96,7 +94,7 @@ class S3BatchWorkflow:
         started_this_run = 0
         while True:
             while len(self._in_flight) < spec.max_concurrent_files:
-                if started_this_run >= FILES_PER_RUN or workflow.info().is_continue_as_new_suggested():
+                if started_this_run >= st.files_per_run or workflow.info().is_continue_as_new_suggested():
                     break
                 if not st.pending:
                     if st.listing_done:
@@ -106,11 +104,13 @@ class S3BatchWorkflow:
                 obj = st.pending.pop(0)
                 self._in_flight[obj.key] = obj
                 started_this_run += 1
-                asyncio.create_task(self._process(obj))
+                task = asyncio.create_task(self._process(obj))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             if not self._in_flight:
                 break
             finished = self._finished
-            await workflow.wait_condition(lambda: self._finished != finished)
+            await workflow.wait_condition(lambda finished=finished: self._finished != finished)
 
         if st.pending or not st.listing_done:
             await self._continue_as_new()
@@ -258,7 +258,11 @@ class S3BatchWorkflow:
             f"{'' if self._state.listing_done else '+'}, {t.files_failed} failed, "
             f"{len(self._in_flight)} in flight\n\n"
             f"records: {t.records_written} written, {t.rejected} rejected; {t.bytes_read} bytes read"
-            + (f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}" if final and spec else "")
+            + (
+                f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}"
+                if final and spec
+                else ""
+            )
         )
 
 

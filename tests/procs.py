@@ -1,0 +1,63 @@
+"""Real worker processes for the crash and deploy tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class WorkerProcess:
+    """``worker.py`` in a subprocess, with the stack's environment and a log file."""
+
+    def __init__(self, task_queue: str, log_dir: Path, name: str, **env: str) -> None:
+        self.log_path = log_dir / f"worker-{name}.log"
+        full_env = {
+            **os.environ,
+            "S3BATCH_TASK_QUEUE": task_queue,
+            "S3BATCH_HANDLER_MODULES": "tests.slow_handlers",
+            "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "worker.py")],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "worker polling" in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker not ready after {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
