@@ -6,7 +6,8 @@ exposes ``offset`` (bytes of the stream consumed, which is where the next record
 records can be resumed with a ranged GET from ``offset``.
 
 Malformed input never raises: a record that cannot be parsed is yielded with ``error`` set and
-becomes a reject (with its line number) instead of failing the file.
+becomes a reject (with its line number) instead of failing the file. The one exception is an
+unreadable CSV header row (``ValueError`` from ``iter()``): without it no record can be named.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import orjson
 
 ParsedFormat = Literal["csv", "jsonl"]
 
-_CSV_EXTENSIONS = (".csv", ".tsv")
+# Only comma-separated files are recognised: nothing downstream passes a delimiter to the parser, so
+# auto-detecting ``.tsv`` as CSV would silently parse tab-separated rows as one-column records.
+_CSV_EXTENSIONS = (".csv",)
 _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _BOM = "\ufeff"
 
@@ -54,6 +57,8 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
     base = lowered[:-3] if gz else lowered
     if fmt == "csv" or fmt == "jsonl":
         return fmt, gz
+    if fmt != "auto":
+        raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl' or 'auto'")
     if base.endswith(_CSV_EXTENSIONS):
         return "csv", gz
     if base.endswith(_JSONL_EXTENSIONS):
@@ -67,41 +72,57 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
 class _LineSource:
     """Hands out the lines of a binary stream, counting bytes and lines exactly.
 
-    Lines longer than ``max_line_bytes`` are skipped (read in bounded pieces and discarded) and
-    replaced by an empty line flagged in ``bad_lines``, so a huge line costs no memory.
+    A line whose content (without its ``\\n`` or ``\\r\\n`` terminator) is longer than
+    ``max_line_bytes`` is skipped (read in bounded pieces and discarded), flagged in ``bad_lines`` and
+    replaced by a short stand-in line, so a huge line costs no memory. With ``quote`` set (CSV), the
+    stand-in keeps the parity of the quote characters of the skipped line, so a quoted field that opens
+    or closes inside the skipped line still ends where it did and the following records parse as
+    they would have.
     """
 
-    def __init__(self, stream: IO[bytes], offset: int, line: int, max_line_bytes: int) -> None:
+    def __init__(
+        self, stream: IO[bytes], offset: int, line: int, max_line_bytes: int, quote: bytes | None = None
+    ) -> None:
         self.stream = stream
         self.offset = offset
         """Bytes handed out so far (absolute position in the object)."""
         self.lines = line - 1
         """Physical lines handed out so far."""
         self.max_line_bytes = max_line_bytes
+        self.quote = quote
         self.bad_lines: dict[int, str] = {}
         """Line number -> problem, for lines that are too long or not UTF-8."""
 
     def raw_lines(self) -> Iterator[bytes]:
         readline = self.stream.readline
-        limit = self.max_line_bytes + 1
+        # Room for the longest accepted content plus a CRLF terminator.
+        limit = self.max_line_bytes + 2
+        quote = self.quote
         while True:
             raw = readline(limit)
             if not raw:
                 return
             self.lines += 1
-            if len(raw) == limit and not raw.endswith(b"\n"):
-                size = len(raw)
-                while raw and not raw.endswith(b"\n"):
-                    raw = readline(1024 * 1024)
-                    size += len(raw)
-                self.offset += size
-                self.bad_lines[self.lines] = (
-                    f"line is longer than max_record_bytes ({self.max_line_bytes} bytes)"
-                )
-                yield b"\n"
+            if raw.endswith(b"\n"):
+                content = len(raw) - (2 if raw.endswith(b"\r\n") else 1)
+            elif len(raw) == limit:
+                content = limit  # and more to come: longer than the limit in any case
+            else:
+                content = len(raw)  # the last line, without a terminator
+            if content <= self.max_line_bytes:
+                self.offset += len(raw)
+                yield raw
                 continue
-            self.offset += len(raw)
-            yield raw
+            size = len(raw)
+            quotes = raw.count(quote) if quote else 0
+            while raw and not raw.endswith(b"\n"):
+                raw = readline(1024 * 1024)
+                size += len(raw)
+                if quote:
+                    quotes += raw.count(quote)
+            self.offset += size
+            self.bad_lines[self.lines] = f"line is longer than max_record_bytes ({self.max_line_bytes} bytes)"
+            yield (quote or b"") + b"\n" if quotes % 2 else b"\n"
 
     def text_lines(self) -> Iterator[str]:
         for raw in self.raw_lines():
@@ -137,9 +158,16 @@ class CsvParser:
         """
         if offset > 0 and header is None:
             raise ValueError("resuming a CSV from a byte offset needs its header")
-        self._src = _LineSource(stream, offset, line, max_line_bytes)
+        if len(delimiter) != 1:
+            raise ValueError(f"the delimiter must be one character, not {delimiter!r}")
+        self._src = _LineSource(stream, offset, line, max_line_bytes, quote=b'"')
         self.header = header
         self._delimiter = delimiter
+        # csv's own per-field limit (128 KiB by default, process-wide) would reject fields that
+        # max_line_bytes allows. It is only ever raised here: a field is at most max_line_bytes
+        # characters, which also bounds the memory of a quoted field that never closes.
+        if csv.field_size_limit() < max_line_bytes:
+            csv.field_size_limit(max_line_bytes)
 
     @property
     def offset(self) -> int:
@@ -149,21 +177,50 @@ class CsvParser:
     def line(self) -> int:
         return self._src.lines + 1
 
-    def __iter__(self) -> Iterator[Record]:
-        src = self._src
-        texts = src.text_lines()
-        if src.offset == 0:
+    def _reader(self) -> Iterator[list[str]]:
+        texts = self._src.text_lines()
+        if self._src.offset == 0:
             texts = _strip_bom(texts)
-        reader = csv.reader(texts, delimiter=self._delimiter, strict=True)
-        bad = src.bad_lines
-        if self.header is None:
+        return csv.reader(texts, delimiter=self._delimiter, strict=True)
+
+    def _read_header(self, reader: Iterator[list[str]]) -> list[str] | None:
+        """Read the header row (blank lines before it are skipped); None for a file without rows.
+
+        Raises:
+            ValueError: The header row is not valid CSV, not UTF-8 or too long.
+        """
+        bad = self._src.bad_lines
+        while True:
+            start = self._src.lines + 1
             try:
-                self.header = next(reader)
+                row = next(reader)
             except StopIteration:
-                return
+                return None
             except csv.Error as err:
-                raise ValueError(f"the header row is not valid CSV: {err}") from None
-        header = self.header
+                raise ValueError(f"the header row (line {start}) is not valid CSV: {err}") from None
+            problems = _take_problems(bad, start, self._src.lines) if bad else None
+            if problems:
+                raise ValueError(f"the header row (line {start}) cannot be read: {problems}")
+            if row:
+                return row
+
+    def __iter__(self) -> Iterator[Record]:
+        """Read the header row now (when not given), then iterate over the records lazily.
+
+        Raises:
+            ValueError: The header row is not valid CSV, not UTF-8 or too long. Raised by ``iter()``
+                itself, not at the first ``next()``, so a caller can tell a bad file from a bad record.
+        """
+        reader = self._reader()
+        if self.header is None:
+            self.header = self._read_header(reader)
+            if self.header is None:
+                return iter(())
+        return self._records(reader, self.header)
+
+    def _records(self, reader: Iterator[list[str]], header: list[str]) -> Iterator[Record]:
+        src = self._src
+        bad = src.bad_lines
         width = len(header)
         while True:
             start = src.lines + 1
@@ -185,7 +242,7 @@ class CsvParser:
             if len(row) != width:
                 yield Record(start, None, f"expected {width} fields (as in the header), got {len(row)}")
                 continue
-            yield Record(start, dict(zip(header, row)))
+            yield Record(start, dict(zip(header, row, strict=True)))
 
 
 def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
@@ -256,11 +313,15 @@ def make_parser(
 
 
 def read_csv_header(stream: IO[bytes], max_line_bytes: int = 8 * 1024 * 1024) -> list[str] | None:
-    """Read only the header row of a CSV stream that starts at byte 0 (None for an empty file)."""
+    """Read only the header row of a CSV stream that starts at byte 0 (None for an empty file).
+
+    Nothing after the header row is read or parsed.
+
+    Raises:
+        ValueError: The header row is not valid CSV, not UTF-8 or too long.
+    """
     parser = CsvParser(stream, max_line_bytes=max_line_bytes)
-    for _ in parser:
-        break
-    return parser.header
+    return parser._read_header(parser._reader())
 
 
 def _strip_bom(lines: Iterator[str]) -> Iterator[str]:

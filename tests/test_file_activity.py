@@ -1,0 +1,573 @@
+"""The per-file activity, run through ``ActivityEnvironment`` against the real SeaweedFS S3 server.
+
+Retries are simulated the way the worker delivers them: a fresh ``activity.info()`` with
+``attempt`` > 1 and the last heartbeat details as plain JSON. A crash is simulated by raising from
+``on_heartbeat``, i.e. right after the activity heartbeated a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.s3_activities import S3Activities
+from s3batch import layout
+from s3batch.handlers import HandlerResult, register
+from s3batch.models import Checkpoint, FileResult, ObjectRef, ProcessFileInput
+from s3batch.records import Record
+
+OUT_PREFIX = "out/"
+
+
+class Crash(Exception):
+    """Stands for the worker dying right after a heartbeat."""
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def upload(s3: Any, bucket: str, key: str, body: bytes) -> ObjectRef:
+    """Put an object and return it as the listing would: ETag without quotes."""
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"]
+    item = next(o for o in listed if o["Key"] == key)
+    assert item["Size"] == len(body)
+    return ObjectRef(key=key, etag=item["ETag"].strip('"'), size=item["Size"])
+
+
+def file_input(
+    buckets: tuple[str, str],
+    obj: ObjectRef,
+    *,
+    handler: str = "passthrough",
+    chunk_records: int = 500,
+    fmt: str = "auto",
+    max_record_bytes: int = 1024 * 1024,
+) -> ProcessFileInput:
+    src, out = buckets
+    return ProcessFileInput(
+        job_id="job-test",
+        bucket=src,
+        obj=obj,
+        output_bucket=out,
+        output_prefix=OUT_PREFIX,
+        format=fmt,  # type: ignore[arg-type]
+        handler=handler,
+        chunk_records=chunk_records,
+        max_record_bytes=max_record_bytes,
+    )
+
+
+class Attempt:
+    """One attempt of ``process_file`` in an ``ActivityEnvironment``, recording its heartbeats."""
+
+    def __init__(
+        self,
+        s3: Any,
+        *,
+        attempt: int = 1,
+        details: Sequence[Any] = (),
+        crash_at_chunk: int | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.s3 = s3
+        self.heartbeats: list[dict[str, Any]] = []
+        self.env = ActivityEnvironment()
+        self.env.info = dataclasses.replace(self.env.info, attempt=attempt, heartbeat_details=list(details))
+        self.crash_at_chunk = crash_at_chunk
+        self.check = check
+        self.env.on_heartbeat = self._on_heartbeat
+
+    def _on_heartbeat(self, *details: Any) -> None:
+        assert len(details) == 1 and isinstance(details[0], Checkpoint)
+        # What the server would hand back to the next attempt: plain JSON.
+        cp = json.loads(details[0].model_dump_json())
+        self.heartbeats.append(cp)
+        if self.check is not None:
+            self.check(cp)
+        if self.crash_at_chunk is not None and cp["chunk"] == self.crash_at_chunk:
+            raise Crash(f"worker killed after heartbeating chunk {cp['chunk']}")
+
+    def run(self, req: ProcessFileInput) -> FileResult:
+        return self.env.run(S3Activities(self.s3).process_file, req)
+
+    def crash(self, req: ProcessFileInput) -> None:
+        with pytest.raises(ApplicationError) as info:
+            self.run(req)
+        assert info.value.type == "Crash", info.value
+
+
+def output_keys(s3: Any, out: str, key: str) -> list[str]:
+    prefix = layout.file_dir(OUT_PREFIX, key)
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=out, Prefix=prefix)
+    return sorted(o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", []))
+
+
+def read_lines(s3: Any, out: str, key: str) -> list[Any]:
+    body = s3.get_object(Bucket=out, Key=key)["Body"].read()
+    return [json.loads(line) for line in body.splitlines() if line]
+
+
+def part_rows(s3: Any, out: str, key: str) -> list[Any]:
+    rows: list[Any] = []
+    for name in output_keys(s3, out, key):
+        if name.startswith("part-"):
+            rows.extend(read_lines(s3, out, layout.file_dir(OUT_PREFIX, key) + name))
+    return rows
+
+
+def stored_checkpoint(s3: Any, out: str, key: str, chunk: int) -> dict[str, Any] | None:
+    try:
+        head = s3.head_object(Bucket=out, Key=layout.part_key(OUT_PREFIX, key, chunk))
+    except s3.exceptions.ClientError as err:
+        if err.response["Error"]["Code"] in {"404", "NoSuchKey", "NotFound"}:
+            return None
+        raise
+    return json.loads(head["Metadata"][layout.CHECKPOINT_METADATA])
+
+
+class Counting:
+    """A passthrough handler that records the line of every record it is given."""
+
+    def __init__(self) -> None:
+        self.name = f"counting-{uuid.uuid4().hex[:8]}"
+        self.lines: list[int] = []
+        register(self.name, self, replace=True)
+
+    def __call__(self, records: Sequence[Record]) -> HandlerResult:
+        self.lines.extend(r.line for r in records)
+        return HandlerResult([r.value for r in records], [])
+
+
+def make_csv(n: int) -> tuple[bytes, list[dict[str, str]], list[tuple[int, int]]]:
+    """A CSV with quoted commas and newlines, CRLF and multi-byte text; its rows; and the
+    ``(byte offset, line)`` where each record starts (plus the end)."""
+    head = b"id,name,note\r\n"
+    body = bytearray(head)
+    rows: list[dict[str, str]] = []
+    starts: list[tuple[int, int]] = []
+    line = 2
+    for i in range(n):
+        starts.append((len(body), line))
+        note = f"note {i}, with comma" if i % 3 else f"multi\nline {i} é€😀"
+        row = f'{i},名前 {i},"{note}"\r\n'.encode()
+        body += row
+        line += row.count(b"\n")
+        rows.append({"id": str(i), "name": f"名前 {i}", "note": note})
+    starts.append((len(body), line))
+    return bytes(body), rows, starts
+
+
+def make_jsonl(n: int) -> tuple[bytes, list[dict[str, Any]]]:
+    rows = [{"n": i, "s": f"é{i}😀"} for i in range(n)]
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode(), rows
+
+
+# --------------------------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("n", [2345, 2000])
+def test_multi_chunk_csv_writes_each_record_once_with_checkpoints(s3: Any, buckets: tuple[str, str], n: int) -> None:
+    src, out = buckets
+    data, rows, starts = make_csv(n)
+    obj = upload(s3, src, "in/data.csv", data)
+    req = file_input(buckets, obj, chunk_records=500)
+    fingerprint = layout.fingerprint(
+        fmt="csv", gzip=False, handler="passthrough", chunk_records=500, max_record_bytes=1024 * 1024
+    )
+    checked: list[int] = []
+
+    def part_exists_before_heartbeat(cp: dict[str, Any]) -> None:
+        # Write-then-checkpoint: part chunk-1 already holds exactly this checkpoint, part chunk does
+        # not exist yet.
+        if cp["chunk"] > 0:
+            assert stored_checkpoint(s3, out, obj.key, cp["chunk"] - 1) == cp
+            checked.append(cp["chunk"])
+        assert stored_checkpoint(s3, out, obj.key, cp["chunk"]) is None
+
+    attempt = Attempt(s3, check=part_exists_before_heartbeat)
+    result = attempt.run(req)
+
+    chunks = -(-n // 500)
+    assert output_keys(s3, out, obj.key) == [f"part-{i:05d}.jsonl" for i in range(chunks)]
+    assert part_rows(s3, out, obj.key) == rows
+    for i in range(chunks):
+        assert len(read_lines(s3, out, layout.part_key(OUT_PREFIX, obj.key, i))) == min(500, n - 500 * i)
+        next_record = min(500 * (i + 1), n)
+        offset, line = starts[next_record]
+        assert stored_checkpoint(s3, out, obj.key, i) == {
+            "next_record": next_record,
+            "byte_offset": offset,
+            "line": line,
+            "chunk": i + 1,
+            "etag": obj.etag,
+            "version_id": None,
+            "fingerprint": fingerprint,
+            "records_written": next_record,
+            "rejected": 0,
+            "done": i == chunks - 1,
+        }
+    assert sorted(set(checked)) == list(range(1, chunks + 1))
+    assert attempt.heartbeats[-1] == stored_checkpoint(s3, out, obj.key, chunks - 1)
+    assert result == FileResult(
+        key=obj.key,
+        etag=obj.etag,
+        status="succeeded",
+        records=n,
+        records_written=n,
+        rejected=0,
+        bytes_read=len(data),
+        chunks=chunks,
+        attempts=1,
+        resumed_from_record=0,
+    )
+
+
+def test_resume_from_heartbeat_skips_written_chunks(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, rows, starts = make_csv(2345)
+    obj = upload(s3, src, "in/data.csv", data)
+    counter = Counting()
+    req = file_input(buckets, obj, handler=counter.name, chunk_records=400)
+
+    first = Attempt(s3, crash_at_chunk=3)
+    first.crash(req)
+    assert counter.lines == [line for _, line in starts[:1200]]
+    assert output_keys(s3, out, obj.key) == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    last = first.heartbeats[-1]
+    assert (last["chunk"], last["next_record"], last["byte_offset"], last["line"]) == (3, 1200, *starts[1200])
+
+    counter.lines.clear()
+    result = Attempt(s3, attempt=2, details=[last]).run(req)
+    assert counter.lines == [line for _, line in starts[1200:-1]]  # nothing processed twice
+    assert part_rows(s3, out, obj.key) == rows
+    assert (result.attempts, result.resumed_from_record, result.records, result.chunks) == (2, 1200, 2345, 6)
+
+
+@pytest.mark.parametrize("heartbeat", ["none", "stale"])
+def test_resume_after_lost_heartbeats_continues_after_last_committed_part(
+    s3: Any, buckets: tuple[str, str], heartbeat: str
+) -> None:
+    # Heartbeats are throttled: the server may hold an older checkpoint than the parts written.
+    src, out = buckets
+    data, rows = make_jsonl(1700)
+    obj = upload(s3, src, "in/events.jsonl", data)
+    counter = Counting()
+    req = file_input(buckets, obj, handler=counter.name, chunk_records=300)
+    first = Attempt(s3, crash_at_chunk=4)
+    first.crash(req)
+    assert len(counter.lines) == 1200
+    stale = [cp for cp in first.heartbeats if cp["chunk"] == 1][-1]
+    details = [] if heartbeat == "none" else [stale]
+
+    counter.lines.clear()
+    result = Attempt(s3, attempt=2, details=details).run(req)
+    assert counter.lines == list(range(1201, 1701))
+    assert part_rows(s3, out, obj.key) == rows
+    assert output_keys(s3, out, obj.key) == [f"part-{i:05d}.jsonl" for i in range(6)]
+    assert (result.resumed_from_record, result.records_written, result.chunks) == (1200, 1700, 6)
+
+
+def test_parts_of_another_source_version_are_removed(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    old, _ = make_jsonl(1000)
+    old += b"{broken\n"  # leaves a rejects object too
+    old_obj = upload(s3, src, "in/e.jsonl", old)
+    Attempt(s3).run(file_input(buckets, old_obj, chunk_records=200))
+    assert output_keys(s3, out, "in/e.jsonl") == [f"part-{i:05d}.jsonl" for i in range(6)] + ["rejects-00005.jsonl"]
+
+    new = "".join(json.dumps({"v": 2, "n": i}) + "\n" for i in range(300)).encode()
+    new_obj = upload(s3, src, "in/e.jsonl", new)
+    assert new_obj.etag != old_obj.etag
+    counter = Counting()
+    req = file_input(buckets, new_obj, handler=counter.name, chunk_records=200)
+    result = Attempt(s3).run(req)
+    assert output_keys(s3, out, "in/e.jsonl") == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert part_rows(s3, out, "in/e.jsonl") == [{"v": 2, "n": i} for i in range(300)]
+    assert len(counter.lines) == 300
+    assert (result.records, result.rejected, result.resumed_from_record) == (300, 0, 0)
+
+
+def test_parts_written_under_other_options_are_not_reused(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, rows = make_jsonl(1000)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    first = Attempt(s3)
+    first.run(file_input(buckets, obj, chunk_records=150))
+    assert len(output_keys(s3, out, obj.key)) == 7
+
+    # Same file, another chunk size: another fingerprint. Its heartbeat and its parts are ignored.
+    counter = Counting()
+    req = file_input(buckets, obj, handler=counter.name, chunk_records=400)
+    result = Attempt(s3, attempt=2, details=[first.heartbeats[-1]]).run(req)
+    assert len(counter.lines) == 1000
+    assert output_keys(s3, out, obj.key) == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    assert part_rows(s3, out, obj.key) == rows
+    assert (result.resumed_from_record, result.chunks) == (0, 3)
+    assert stored_checkpoint(s3, out, obj.key, 2)["fingerprint"] == layout.fingerprint(  # type: ignore[index]
+        fmt="jsonl", gzip=False, handler=counter.name, chunk_records=400, max_record_bytes=1024 * 1024
+    )
+
+
+def test_gzip_file_resumes_by_skipping_records(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, rows = make_jsonl(1500)
+    obj = upload(s3, src, "in/events.jsonl.gz", gzip.compress(data))
+    counter = Counting()
+    req = file_input(buckets, obj, handler=counter.name, chunk_records=400)
+    first = Attempt(s3, crash_at_chunk=2)
+    first.crash(req)
+    last = first.heartbeats[-1]
+    assert (last["next_record"], last["byte_offset"], last["line"]) == (800, None, 801)
+
+    counter.lines.clear()
+    result = Attempt(s3, attempt=2, details=[last]).run(req)
+    assert counter.lines == list(range(801, 1501))
+    assert part_rows(s3, out, obj.key) == rows
+    assert stored_checkpoint(s3, out, obj.key, 3) == {
+        **last,
+        "next_record": 1500,
+        "line": 1501,
+        "chunk": 4,
+        "records_written": 1500,
+        "done": True,
+    }
+    assert (result.resumed_from_record, result.records, result.bytes_read) == (800, 1500, obj.size)
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_object_overwritten_after_listing_fails_as_source_changed(
+    s3: Any, buckets: tuple[str, str], resumed: bool
+) -> None:
+    src, out = buckets
+    data, _ = make_jsonl(1000)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    req = file_input(buckets, obj, chunk_records=300)
+    details: list[Any] = []
+    if resumed:
+        first = Attempt(s3, crash_at_chunk=1)
+        first.crash(req)
+        details = [first.heartbeats[-1]]
+    upload(s3, src, "in/e.jsonl", data.replace(b'"n"', b'"m"'))
+
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3, attempt=2, details=details).run(req)
+    err = info.value
+    assert (err.type, err.non_retryable) == ("SourceChanged", True)
+    assert f"s3://{src}/in/e.jsonl changed since it was listed" in err.message
+    assert err.details == ({"attempt": 2},)
+    assert output_keys(s3, out, obj.key) == (["part-00000.jsonl"] if resumed else [])
+
+
+def test_missing_object_fails_as_not_found(s3: Any, buckets: tuple[str, str]) -> None:
+    src, _ = buckets
+    obj = ObjectRef(key="in/gone.csv", etag="0123456789abcdef0123456789abcdef", size=10)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj))
+    assert (info.value.type, info.value.non_retryable) == ("NotFound", True)
+    assert f"s3://{src}/in/gone.csv" in info.value.message
+    assert info.value.details == ({"attempt": 1},)
+
+
+def test_unknown_handler_fails_as_unknown_handler(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    obj = upload(s3, src, "in/a.csv", b"a\n1\n")
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj, handler="no-such-handler"))
+    assert (info.value.type, info.value.non_retryable) == ("UnknownHandler", True)
+    assert "no handler named 'no-such-handler'" in info.value.message
+    assert output_keys(s3, out, obj.key) == []
+
+
+def test_rerun_of_a_completed_file_returns_from_the_final_part(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, _, _ = make_csv(1100)
+    obj = upload(s3, src, "in/data.csv", data)
+    counter = Counting()
+    req = file_input(buckets, obj, handler=counter.name, chunk_records=500)
+    first = Attempt(s3)
+    done = first.run(req)
+    assert len(counter.lines) == 1100
+    modified = {
+        k: s3.head_object(Bucket=out, Key=layout.file_dir(OUT_PREFIX, obj.key) + k)["ETag"]
+        for k in output_keys(s3, out, obj.key)
+    }
+
+    for details in ([], [first.heartbeats[-1]]):
+        counter.lines.clear()
+        rerun = Attempt(s3, attempt=2, details=details)
+        result = rerun.run(req)
+        assert counter.lines == []
+        assert rerun.heartbeats == []
+        assert result.model_copy(update={"attempts": 1, "resumed_from_record": 0}) == done
+        assert result.resumed_from_record == 1100
+        assert {
+            k: s3.head_object(Bucket=out, Key=layout.file_dir(OUT_PREFIX, obj.key) + k)["ETag"]
+            for k in output_keys(s3, out, obj.key)
+        } == modified
+
+
+def test_customers_handler_writes_rejects_with_line_numbers(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    lines = [
+        "customer_id,email,name,country,amount,created_at",
+        "1,a@example.com,Ann,FR,10.50,2024-01-02T03:04:05Z",  # line 2
+        '2,b@example.com,"Bob\nSmith",DE,0,2024-01-02T03:04:05Z',  # lines 3-4
+        "3,not-an-email,Cid,FR,1,2024-01-02T03:04:05Z",  # line 5: reject
+        "4,d@example.com,Dee,fr,1,2024-01-02T03:04:05Z",  # line 6: reject (country)
+        "5,e@example.com,Eve,US,-1,2024-01-02T03:04:05Z",  # line 7: reject (amount), chunk 1
+        "6,f@example.com,Fay,US",  # line 8: reject (fields)
+        "7,g@example.com,Gus,GB,7.25,2024-05-06T07:08:09+00:00",  # line 9
+    ]
+    obj = upload(s3, src, "in/customers.csv", ("\r\n".join(lines) + "\r\n").encode())
+    result = Attempt(s3).run(file_input(buckets, obj, handler="customers", chunk_records=4))
+
+    assert output_keys(s3, out, obj.key) == [
+        "part-00000.jsonl",
+        "part-00001.jsonl",
+        "rejects-00000.jsonl",
+        "rejects-00001.jsonl",
+    ]
+    written = part_rows(s3, out, obj.key)
+    assert [(r["customer_id"], r["name"], r["amount"]) for r in written] == [
+        (1, "Ann", "10.50"),
+        (2, "Bob\nSmith", "0"),
+        (7, "Gus", "7.25"),
+    ]
+    first_chunk = read_lines(s3, out, layout.rejects_key(OUT_PREFIX, obj.key, 0))
+    second_chunk = read_lines(s3, out, layout.rejects_key(OUT_PREFIX, obj.key, 1))
+    assert [r["line"] for r in first_chunk] == [5, 6]
+    # Within a chunk, parser rejects are listed before the handler's: not in line order.
+    assert sorted(r["line"] for r in second_chunk) == [7, 8]
+    rejects = sorted(first_chunk + second_chunk, key=lambda r: r["line"])
+    assert rejects[0]["reason"].startswith("email: ") and rejects[0]["record"]["customer_id"] == "3"
+    assert rejects[1]["reason"].startswith("country: ")
+    assert rejects[2]["reason"].startswith("amount: ")
+    assert rejects[3] == {"line": 8, "reason": "expected 6 fields (as in the header), got 4", "record": None}
+    assert (result.records, result.records_written, result.rejected, result.chunks) == (7, 3, 4, 2)
+    assert stored_checkpoint(s3, out, obj.key, 0)["rejected"] == 2  # type: ignore[index]
+
+
+MIB = 1024 * 1024
+
+
+def make_big_csv() -> tuple[bytes, list[str]]:
+    """A CSV just over 16 MiB of multi-byte text, where a 4-byte character straddles byte 1 MiB
+    (the read buffer) and byte 16 MiB (the ranged-GET window)."""
+    body = bytearray(b"id,text\n")
+    texts: list[str] = []
+
+    def add(text: str) -> None:
+        texts.append(text)
+        body.extend(f'{len(texts) - 1},"{text}"\n'.encode())
+
+    for boundary in (MIB, 16 * MIB):
+        while len(body) < boundary - 5000:
+            add("é€😀漢\n字" * 200)
+        prefix = f'{len(texts)},"'.encode()
+        add("a" * (boundary - 2 - len(body) - len(prefix)) + "😀" + "b")  # "😀" starts 2 bytes before
+        assert body[boundary] & 0xC0 == 0x80 and body[boundary - 2 : boundary + 2] == "😀".encode()
+    add("end 😀")
+    return bytes(body), texts
+
+
+def test_multibyte_utf8_straddling_read_windows_and_resume_points(s3: Any, buckets: tuple[str, str]) -> None:
+    # The object is read in 16 MiB ranged GETs through a 1 MiB buffer, and resumed mid-file.
+    src, out = buckets
+    data, texts = make_big_csv()
+    obj = upload(s3, src, "in/big.csv", data)
+    req = file_input(buckets, obj, chunk_records=1000)
+
+    first = Attempt(s3, crash_at_chunk=2)
+    first.crash(req)
+    last = first.heartbeats[-1]
+    assert 0 < last["byte_offset"] < 16 * MIB
+    result = Attempt(s3, attempt=2, details=[last]).run(req)
+
+    rows = part_rows(s3, out, obj.key)
+    assert [r["id"] for r in rows] == [str(i) for i in range(len(texts))]
+    assert [r["text"] for r in rows] == texts
+    assert (result.records_written, result.resumed_from_record) == (len(texts), 2000)
+
+
+def test_object_overwritten_while_being_read_fails_at_the_next_window(s3: Any, buckets: tuple[str, str]) -> None:
+    # An open GET keeps streaming the old bytes; the next 16 MiB window is pinned to the listed ETag.
+    src, out = buckets
+    data, texts = make_big_csv()
+    obj = upload(s3, src, "in/big.csv", data)
+    overwritten: list[bool] = []
+
+    def overwrite_after_first_part(cp: dict[str, Any]) -> None:
+        if cp["chunk"] == 1 and not overwritten:
+            s3.put_object(Bucket=src, Key=obj.key, Body=b"id,text\n1,new\n")
+            overwritten.append(True)
+
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3, check=overwrite_after_first_part).run(file_input(buckets, obj, chunk_records=1000))
+    assert (info.value.type, info.value.non_retryable) == ("SourceChanged", True)
+    assert overwritten == [True]
+    # The parts committed before the failure hold the old version's records, and stop before the
+    # window that noticed the change.
+    chunks = -(-len(texts) // 1000)
+    committed = output_keys(s3, out, obj.key)
+    assert committed == [f"part-{i:05d}.jsonl" for i in range(len(committed))]
+    assert 1 <= len(committed) < chunks
+    last = stored_checkpoint(s3, out, obj.key, len(committed) - 1)
+    assert last is not None and last["byte_offset"] < 16 * MIB and not last["done"]
+    assert [r["text"] for r in part_rows(s3, out, obj.key)] == texts[: 1000 * len(committed)]
+
+
+@pytest.mark.parametrize(("body", "header_only"), [(b"", False), (b"id,name\r\n", True)])
+def test_empty_and_header_only_files_commit_one_empty_final_part(
+    s3: Any, buckets: tuple[str, str], body: bytes, header_only: bool
+) -> None:
+    src, out = buckets
+    obj = upload(s3, src, "in/empty.csv", body)
+    result = Attempt(s3).run(file_input(buckets, obj))
+    assert output_keys(s3, out, obj.key) == ["part-00000.jsonl"]
+    assert read_lines(s3, out, layout.part_key(OUT_PREFIX, obj.key, 0)) == []
+    cp = stored_checkpoint(s3, out, obj.key, 0)
+    assert cp is not None and (cp["done"], cp["next_record"], cp["chunk"]) == (True, 0, 1)
+    assert (result.records, result.chunks) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'"id"x,name\n1,2\n', "the header row (line 1) is not valid CSV"),
+        (b"id,n\xffame\n1,2\n", "the header row (line 1) cannot be read: invalid UTF-8"),
+    ],
+)
+def test_unreadable_csv_header_fails_as_bad_file(s3: Any, buckets: tuple[str, str], body: bytes, reason: str) -> None:
+    src, out = buckets
+    obj = upload(s3, src, "in/bad.csv", body)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj))
+    assert (info.value.type, info.value.non_retryable) == ("BadFile", True)
+    assert info.value.message.startswith(f"s3://{src}/in/bad.csv: {reason}")
+    assert output_keys(s3, out, obj.key) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug in activities/s3_activities.py _resume_point: stale outputs are only removed when a "
+    "part exists at the resume chunk, so a rejects object left without its part survives",
+)
+def test_rejects_left_without_their_part_by_another_version_are_removed(s3: Any, buckets: tuple[str, str]) -> None:
+    # A crashed attempt on an older version of the object wrote rejects-00000 (written before its
+    # part) and died before part-00000.
+    src, out = buckets
+    stale = {"line": 1, "reason": "from the old version", "record": None}
+    s3.put_object(Bucket=out, Key=layout.rejects_key(OUT_PREFIX, "in/x.jsonl", 0), Body=json.dumps(stale).encode())
+    obj = upload(s3, src, "in/x.jsonl", b"1\n2\n")
+    result = Attempt(s3).run(file_input(buckets, obj))
+    assert result.rejected == 0
+    assert output_keys(s3, out, obj.key) == ["part-00000.jsonl"]

@@ -1,0 +1,586 @@
+"""Unit tests of the record parsers: RFC 4180 CSV, JSONL, and above all exact resume positions.
+
+Pure unit tests: no servers. Randomised inputs use fixed seeds, so a failure is reproducible.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import random
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from s3batch.records import (
+    CsvParser,
+    JsonlParser,
+    Record,
+    UnknownFormatError,
+    make_parser,
+    read_csv_header,
+    resolve_format,
+)
+
+BOM = b"\xef\xbb\xbf"
+
+
+def parse_csv(data: bytes, **kwargs: Any) -> list[Record]:
+    return list(CsvParser(io.BytesIO(data), **kwargs))
+
+
+def parse_jsonl(data: bytes, **kwargs: Any) -> list[Record]:
+    return list(JsonlParser(io.BytesIO(data), **kwargs))
+
+
+def ok(records: list[Record]) -> list[tuple[int, Any]]:
+    return [(r.line, r.value) for r in records if r.error is None]
+
+
+class TrickleRaw(io.RawIOBase):
+    """A raw stream that hands out at most ``step`` bytes per read, so multi-byte characters and
+    CRLF pairs straddle every possible read boundary; also records the largest read."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        super().__init__()
+        self._data = memoryview(data)
+        self._pos = 0
+        self._step = step
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._step, len(self._data) - self._pos)
+        buffer[:n] = self._data[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+
+class LargestReadline(io.BytesIO):
+    """A BytesIO that records the largest piece any ``readline``/``read`` call returned."""
+
+    largest = 0
+
+    def readline(self, size: int | None = -1) -> bytes:  # type: ignore[override]
+        out = super().readline(size)
+        self.largest = max(self.largest, len(out))
+        return out
+
+    def read(self, size: int | None = -1) -> bytes:
+        out = super().read(size)
+        self.largest = max(self.largest, len(out))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- CSV
+
+
+def test_csv_basic_header_and_values() -> None:
+    records = parse_csv(b"id,name\n1,alice\n2,bob\n")
+    assert records == [Record(2, {"id": "1", "name": "alice"}), Record(3, {"id": "2", "name": "bob"})]
+
+
+def test_csv_quoted_commas_quotes_and_embedded_newlines() -> None:
+    data = b'id,note,n\n1,"a, b",x\n2,"line1\nline2\r\nline3",y\n3,"say ""hi""",z\n4,"",\n'
+    assert parse_csv(data) == [
+        Record(2, {"id": "1", "note": "a, b", "n": "x"}),
+        Record(3, {"id": "2", "note": "line1\nline2\r\nline3", "n": "y"}),
+        Record(6, {"id": "3", "note": 'say "hi"', "n": "z"}),
+        Record(7, {"id": "4", "note": "", "n": ""}),
+    ]
+
+
+def test_csv_crlf_line_endings_are_not_part_of_values() -> None:
+    data = b"a,b\r\n1,2\r\n3,4\r\n"
+    parser = CsvParser(io.BytesIO(data))
+    assert list(parser) == [Record(2, {"a": "1", "b": "2"}), Record(3, {"a": "3", "b": "4"})]
+    assert parser.header == ["a", "b"]
+    assert parser.offset == len(data)
+    assert parser.line == 4
+
+
+def test_csv_utf8_bom_is_stripped_from_the_first_column_name() -> None:
+    parser = CsvParser(io.BytesIO(BOM + b"id,name\n1,x\n"))
+    assert list(parser) == [Record(2, {"id": "1", "name": "x"})]
+    assert parser.header == ["id", "name"]
+
+
+def test_csv_bom_is_only_stripped_at_the_start_of_the_object() -> None:
+    # A BOM-like sequence at the start of a resumed range is data, not a BOM.
+    data = b"a,b\n" + BOM + b"x,y\n"
+    assert parse_csv(data[4:], offset=4, line=2, header=["a", "b"]) == [Record(2, {"a": "\ufeffx", "b": "y"})]
+
+
+def test_csv_multibyte_utf8() -> None:
+    data = "name,city\nJosé,Zürich\n漢字,😀 €\n".encode()
+    assert parse_csv(data) == [
+        Record(2, {"name": "José", "city": "Zürich"}),
+        Record(3, {"name": "漢字", "city": "😀 €"}),
+    ]
+
+
+def test_csv_multibyte_utf8_straddling_every_read_boundary() -> None:
+    text = "name,city\n" + "".join(f'{i}😀é,"漢\r\n字€"\r\n' for i in range(50))
+    data = text.encode()
+    expected = parse_csv(data)
+    assert len(expected) == 50 and expected[3] == Record(8, {"name": "3😀é", "city": "漢\r\n字€"})
+    for step in (1, 2, 3, 5):
+        stream = io.BufferedReader(TrickleRaw(data, step), buffer_size=4)
+        parser = CsvParser(stream)
+        assert list(parser) == expected
+        assert parser.offset == len(data)
+
+
+def test_csv_blank_lines_are_skipped_and_line_numbers_stay_physical() -> None:
+    data = b"a,b\n\n1,2\r\n\r\n\n3,4\n\n"
+    assert parse_csv(data) == [Record(3, {"a": "1", "b": "2"}), Record(6, {"a": "3", "b": "4"})]
+
+
+def test_csv_blank_lines_before_the_header_are_skipped() -> None:
+    parser = CsvParser(io.BytesIO(b"\n\r\na,b\n1,2\n"))
+    assert list(parser) == [Record(4, {"a": "1", "b": "2"})]
+    assert parser.header == ["a", "b"]
+
+
+def test_csv_wrong_column_count_is_a_reject_with_its_line() -> None:
+    records = parse_csv(b"a,b,c\n1,2,3\n1,2\n1,2,3,4\n4,5,6\n")
+    assert records == [
+        Record(2, {"a": "1", "b": "2", "c": "3"}),
+        Record(3, None, "expected 3 fields (as in the header), got 2"),
+        Record(4, None, "expected 3 fields (as in the header), got 4"),
+        Record(5, {"a": "4", "b": "5", "c": "6"}),
+    ]
+
+
+def test_csv_unterminated_quote_at_end_of_file_is_a_reject() -> None:
+    data = b'a,b\n1,2\n3,"never closed\nmore\n'
+    parser = CsvParser(io.BytesIO(data))
+    records = list(parser)
+    assert records[0] == Record(2, {"a": "1", "b": "2"})
+    assert len(records) == 2
+    assert records[1].line == 3 and records[1].value is None
+    assert records[1].error == "malformed CSV (unexpected end of data) in lines 3-4"
+    assert parser.offset == len(data)
+
+
+def test_csv_quote_inside_an_unquoted_field_is_kept_as_data() -> None:
+    # RFC 4180 forbids it, but it is unambiguous and common: the quote is part of the value.
+    assert parse_csv(b'a,b\n5" screen,x\n') == [Record(2, {"a": '5" screen', "b": "x"})]
+
+
+def test_csv_text_after_a_closing_quote_is_a_reject_and_parsing_continues() -> None:
+    records = parse_csv(b'a,b\n"x"y,1\n2,3\n')
+    assert records[0].line == 2 and records[0].value is None
+    assert records[0].error is not None and records[0].error.startswith("malformed CSV (")
+    assert records[0].error.endswith("in lines 2-2")
+    assert records[1:] == [Record(3, {"a": "2", "b": "3"})]
+
+
+def test_csv_invalid_utf8_is_a_reject_with_its_line() -> None:
+    records = parse_csv(b"a,b\n1,2\nbad\xff\xfe,3\n4,5\n")
+    assert records == [
+        Record(2, {"a": "1", "b": "2"}),
+        Record(3, None, "invalid UTF-8 at byte 3 of the line"),
+        Record(4, {"a": "4", "b": "5"}),
+    ]
+
+
+def test_csv_invalid_utf8_inside_a_multiline_record_rejects_that_record_at_its_first_line() -> None:
+    records = parse_csv(b'a,b\n1,"ok\nbad\xc3(\nstill"\n4,5\n')
+    assert records == [Record(2, None, "invalid UTF-8 at byte 3 of the line"), Record(5, {"a": "4", "b": "5"})]
+
+
+def test_csv_truncated_multibyte_character_at_end_of_file_is_a_reject() -> None:
+    records = parse_csv("a,b\n1,2\n3,€".encode()[:-1])
+    assert records[0] == Record(2, {"a": "1", "b": "2"})
+    assert records[1] == Record(3, None, "invalid UTF-8 at byte 2 of the line")
+
+
+def test_csv_nul_byte_is_data() -> None:
+    # Python 3.11+ csv accepts NUL; it must neither raise nor disturb the following records.
+    assert parse_csv(b"a,b\n1,x\x00y\n2,z\n") == [Record(2, {"a": "1", "b": "x\x00y"}), Record(3, {"a": "2", "b": "z"})]
+
+
+def test_csv_field_larger_than_csv_module_default_limit_is_accepted() -> None:
+    # csv's default field_size_limit is 128 KiB; max_line_bytes is what decides.
+    big = "é" * 200_000
+    records = parse_csv(f"a,b\n{big},1\n2,3\n".encode())
+    assert records == [Record(2, {"a": big, "b": "1"}), Record(3, {"a": "2", "b": "3"})]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b""])
+def test_csv_line_of_exactly_max_line_bytes_is_accepted_and_one_more_byte_is_not(ending: bytes) -> None:
+    limit = 100
+    fits = b"x" * (limit - 2) + b",1"
+    assert parse_csv(b"a,b\n" + fits + ending, max_line_bytes=limit) == [Record(2, {"a": "x" * (limit - 2), "b": "1"})]
+    too_long = b"y" + fits
+    assert parse_csv(b"a,b\n" + too_long + ending, max_line_bytes=limit) == [
+        Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)")
+    ]
+
+
+def test_csv_huge_line_is_a_reject_and_never_held_in_memory() -> None:
+    limit = 64 * 1024
+    huge = b"z" * (5 * 1024 * 1024)
+    data = b"a,b\n1,2\n" + huge + b",3\n4,5\n"
+    stream = LargestReadline(data)
+    tracemalloc.start()
+    try:
+        parser = CsvParser(stream, max_line_bytes=limit)
+        records = list(parser)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert records == [
+        Record(2, {"a": "1", "b": "2"}),
+        Record(3, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(4, {"a": "4", "b": "5"}),
+    ]
+    assert parser.offset == len(data)
+    assert stream.largest <= 1024 * 1024 + 1, stream.largest
+    assert peak < 3 * 1024 * 1024, peak
+
+
+def test_csv_huge_line_inside_a_quoted_field_keeps_the_record_boundaries() -> None:
+    # The skipped line closes a quoted field opened on the line before: the records after it
+    # must still start where they do in the file.
+    limit = 1024
+    data = b'a,b\n1,"opens\n' + b"q" * 5000 + b'",closes\n2,3\n4,"x\n' + b'y"' * 3000 + b'\nz"\n5,6\n'
+    records = parse_csv(data, max_line_bytes=limit)
+    assert records == [
+        Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(4, {"a": "2", "b": "3"}),
+        Record(5, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(8, {"a": "5", "b": "6"}),
+    ]
+
+
+def test_csv_empty_file() -> None:
+    parser = CsvParser(io.BytesIO(b""))
+    assert list(parser) == []
+    assert parser.header is None
+    assert (parser.offset, parser.line) == (0, 1)
+
+
+@pytest.mark.parametrize("data", [b"a,b,c", b"a,b,c\n", b"a,b,c\r\n\r\n", BOM + b"a,b,c\n"])
+def test_csv_header_only_file(data: bytes) -> None:
+    parser = CsvParser(io.BytesIO(data))
+    assert list(parser) == []
+    assert parser.header == ["a", "b", "c"]
+    assert parser.offset == len(data)
+
+
+def test_csv_last_record_without_a_newline() -> None:
+    parser = CsvParser(io.BytesIO(b'a,b\n1,2\n3,"4\n5"'))
+    assert list(parser) == [Record(2, {"a": "1", "b": "2"}), Record(3, {"a": "3", "b": "4\n5"})]
+    assert (parser.offset, parser.line) == (15, 5)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b'"a"x,b\n1,2\n', "the header row (line 1) is not valid CSV"),
+        (b"a,\xffb\n1,2\n", "the header row (line 1) cannot be read: invalid UTF-8"),
+        (b"\n" + b"h" * 200 + b"\n1\n", "the header row (line 2) cannot be read: line is longer than"),
+    ],
+)
+def test_csv_unreadable_header_raises(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        list(CsvParser(io.BytesIO(data), max_line_bytes=100))
+    with pytest.raises(ValueError, match=r"the header row"):
+        read_csv_header(io.BytesIO(data), max_line_bytes=100)
+    # iter() itself raises, so a caller can wrap parser construction and iter() to classify it.
+    parser = CsvParser(io.BytesIO(data), max_line_bytes=100)
+    with pytest.raises(ValueError, match=r"the header row"):
+        iter(parser)
+
+
+def test_csv_resuming_without_a_header_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs its header"):
+        CsvParser(io.BytesIO(b"1,2\n"), offset=4)
+
+
+def test_read_csv_header_reads_only_the_header_row() -> None:
+    data = BOM + b'\r\nid,"na,me"\r\n1,"unterminated\n'
+    stream = io.BytesIO(data)
+    assert read_csv_header(stream) == ["id", "na,me"]
+    assert stream.tell() == len(BOM + b'\r\nid,"na,me"\r\n')
+    assert read_csv_header(io.BytesIO(b"")) is None
+    assert read_csv_header(io.BytesIO(b"\n\n")) is None
+
+
+# --------------------------------------------------------------------------------------------- JSONL
+
+
+def test_jsonl_values_blank_lines_and_invalid_json() -> None:
+    data = b'{"a": 1}\n\n  \r\n[1, 2]\r\n"s"\n{bad\n3\n'
+    records = parse_jsonl(data)
+    assert [(r.line, r.value) for r in records if r.error is None] == [(1, {"a": 1}), (4, [1, 2]), (5, "s"), (7, 3)]
+    bad = [r for r in records if r.error is not None]
+    assert len(bad) == 1 and bad[0].line == 6 and bad[0].value is None
+    assert bad[0].error is not None and bad[0].error.startswith("invalid JSON: ")
+
+
+def test_jsonl_bom_is_stripped_at_the_start_only() -> None:
+    assert parse_jsonl(BOM + b'{"a": "\xc3\xa9"}\n') == [Record(1, {"a": "é"})]
+    # Resumed mid-object, a BOM is garbage and the line a reject.
+    records = parse_jsonl(BOM + b"1\n", offset=10, line=3)
+    assert len(records) == 1 and records[0].line == 3 and records[0].error is not None
+
+
+def test_jsonl_invalid_utf8_is_a_reject() -> None:
+    records = parse_jsonl(b'{"a": 1}\n{"b": "\xff"}\n{"c": 3}\n')
+    assert ok(records) == [(1, {"a": 1}), (3, {"c": 3})]
+    assert [(r.line, r.value) for r in records if r.error] == [(2, None)]
+
+
+def test_jsonl_last_line_without_newline() -> None:
+    parser = JsonlParser(io.BytesIO('1\n{"x": "漢"}'.encode()))
+    assert list(parser) == [Record(1, 1), Record(2, {"x": "漢"})]
+    assert (parser.offset, parser.line) == (len('1\n{"x": "漢"}'.encode()), 3)
+
+
+def test_jsonl_huge_line_is_a_reject_and_never_held_in_memory() -> None:
+    limit = 64 * 1024
+    data = b"1\n" + b'"' + b"w" * (5 * 1024 * 1024) + b'"\n2\n'
+    stream = LargestReadline(data)
+    parser = JsonlParser(stream, max_line_bytes=limit)
+    too_long = f"line is longer than max_record_bytes ({limit} bytes)"
+    assert list(parser) == [Record(1, 1), Record(2, None, too_long), Record(3, 2)]
+    assert parser.offset == len(data)
+    assert stream.largest <= 1024 * 1024 + 1
+
+
+def test_jsonl_empty_file() -> None:
+    parser = JsonlParser(io.BytesIO(b""))
+    assert list(parser) == []
+    assert (parser.offset, parser.line) == (0, 1)
+
+
+def test_make_parser_picks_the_parser() -> None:
+    assert isinstance(make_parser("csv", io.BytesIO(b"")), CsvParser)
+    assert isinstance(make_parser("jsonl", io.BytesIO(b"")), JsonlParser)
+    resumed = make_parser("csv", io.BytesIO(b"1,2\n"), offset=4, line=2, header=["a", "b"], max_line_bytes=10)
+    assert list(resumed) == [Record(2, {"a": "1", "b": "2"})]
+    assert resumed.offset == 8
+
+
+def test_parsers_read_a_gzip_stream() -> None:
+    data = gzip.compress('a,b\n1,"é\n€"\n2,3\n'.encode())
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+        assert list(CsvParser(stream)) == [Record(2, {"a": "1", "b": "é\n€"}), Record(4, {"a": "2", "b": "3"})]
+
+
+# -------------------------------------------------------------------------------- exact resume points
+
+_PIECES = ["plain", "x", " ", ",", '"', "\n", "\r\n", "é", "€", "😀", "漢字", "a,b", '""', ""]
+
+
+def _csv_field(value: str) -> str:
+    if any(c in value for c in ',"\r\n'):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+def _random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 6)))
+
+
+def build_csv(seed: int, *, n: int, max_line: int) -> tuple[bytes, list[tuple[int, Any, str | None]]]:
+    """A varied CSV and what the parser must make of it: ``(line, value, error prefix)``."""
+    rng = random.Random(seed)
+    header = ["id", "text", "more"]
+    out = bytearray(BOM if rng.random() < 0.5 else b"")
+    out += ("id,text,more" + rng.choice(["\n", "\r\n"])).encode()
+    expected: list[tuple[int, Any, str | None]] = []
+    line = 2
+    for i in range(n):
+        kind = rng.choices(["ok", "blank", "wrong", "utf8", "long", "quote"], weights=[70, 8, 6, 5, 6, 5])[0]
+        eol = rng.choice(["\n", "\r\n"])
+        if kind == "ok":
+            fields = [str(i), _random_text(rng), _random_text(rng)]
+            chunk = (",".join(_csv_field(f) for f in fields) + eol).encode()
+            expected.append((line, dict(zip(header, fields, strict=True)), None))
+        elif kind == "blank":
+            chunk = eol.encode()
+        elif kind == "wrong":
+            fields = [str(i), _random_text(rng)]
+            chunk = (",".join(_csv_field(f) for f in fields) + eol).encode()
+            expected.append((line, None, "expected 3 fields (as in the header), got 2"))
+        elif kind == "utf8":
+            chunk = f'{i},"{_random_text(rng).replace(chr(34), "")}'.encode() + b'\xff",x' + eol.encode()
+            expected.append((line, None, "invalid UTF-8 at byte"))
+        elif kind == "long":
+            chunk = f"{i},".encode() + "é".encode() * (max_line // 2 + rng.randint(1, 300)) + b",x" + eol.encode()
+            expected.append((line, None, "line is longer than max_record_bytes"))
+        else:  # text after a closing quote
+            chunk = f'{i},"q"x,y{eol}'.encode()
+            expected.append((line, None, "malformed CSV ("))
+        out += chunk
+        line += chunk.count(b"\n")
+    if out.endswith(b"\r\n") and rng.random() < 0.5 and expected and expected[-1][2] is None:
+        del out[-2:]
+    return bytes(out), expected
+
+
+def build_jsonl(seed: int, *, n: int, max_line: int) -> tuple[bytes, list[tuple[int, Any, str | None]]]:
+    rng = random.Random(seed)
+    out = bytearray(BOM if rng.random() < 0.5 else b"")
+    expected: list[tuple[int, Any, str | None]] = []
+    line = 1
+    for i in range(n):
+        kind = rng.choices(["ok", "blank", "json", "utf8", "long"], weights=[75, 8, 7, 5, 5])[0]
+        eol = rng.choice(["\n", "\r\n"])
+        if kind == "ok":
+            value = {"i": i, "text": _random_text(rng), "list": [rng.random()]}
+            chunk = (json.dumps(value, ensure_ascii=False) + eol).encode()
+            expected.append((line, value, None))
+        elif kind == "blank":
+            chunk = rng.choice(["", "  ", "\t"]).encode() + eol.encode()
+        elif kind == "json":
+            chunk = b'{"i": ' + str(i).encode() + b"," + eol.encode()
+            expected.append((line, None, "invalid JSON: "))
+        elif kind == "utf8":
+            chunk = b'{"s": "\xe2\x82"}' + eol.encode()
+            expected.append((line, None, "invalid JSON: "))
+        else:
+            chunk = b'"' + "😀".encode() * (max_line // 4 + rng.randint(1, 100)) + b'"' + eol.encode()
+            expected.append((line, None, "line is longer than max_record_bytes"))
+        out += chunk
+        line += chunk.count(b"\n")
+    return bytes(out), expected
+
+
+def _check_against_expected(records: list[Record], expected: list[tuple[int, Any, str | None]]) -> None:
+    assert len(records) == len(expected)
+    for record, (line, value, error) in zip(records, expected, strict=True):
+        assert record.line == line, (record, line)
+        if error is None:
+            assert record.error is None, record
+            assert record.value == value
+        else:
+            assert record.value is None
+            assert record.error is not None and record.error.startswith(error), (record, error)
+
+
+def _walk(parser: CsvParser | JsonlParser) -> tuple[list[Record], list[tuple[int, int]]]:
+    """All records, and ``(offset, line)`` after each one."""
+    records, bounds = [], []
+    for record in parser:
+        records.append(record)
+        bounds.append((parser.offset, parser.line))
+    return records, bounds
+
+
+def _assert_exact_resume(fmt: str, data: bytes, max_line: int) -> int:
+    full = make_parser(fmt, io.BytesIO(data), max_line_bytes=max_line)  # type: ignore[arg-type]
+    records, bounds = _walk(full)
+    header = full.header
+    assert full.offset == len(data)
+    for i, (offset, line) in enumerate(bounds):
+        # What a checkpoint taken after record i would store: resuming there gives the rest, exactly.
+        assert data[:offset].count(b"\n") + 1 == line or offset == len(data)
+        resumed = make_parser(
+            fmt,  # type: ignore[arg-type]
+            io.BytesIO(data[offset:]),
+            offset=offset,
+            line=line,
+            header=header,
+            max_line_bytes=max_line,
+        )
+        rest, rest_bounds = _walk(resumed)
+        assert rest == records[i + 1 :], f"resume after record {i} (offset {offset}, line {line})"
+        assert rest_bounds == bounds[i + 1 :]
+    return len(records)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_csv_resume_from_every_record_boundary_is_exact(seed: int) -> None:
+    max_line = 300
+    data, expected = build_csv(seed, n=70, max_line=max_line)
+    # The generated file really is varied: quoted newlines, CRLF and multi-byte characters.
+    values = [v for _, v, e in expected if e is None]
+    assert any("\r\n" in v["text"] + v["more"] for v in values)
+    assert any("\n" in (v["text"] + v["more"]).replace("\r\n", "") for v in values)
+    assert any(not (v["text"] + v["more"]).isascii() for v in values)
+    assert b"\r\n" in data.replace(b"\r\n", b"", 1)
+    records = parse_csv(data, max_line_bytes=max_line)
+    _check_against_expected(records, expected)
+    assert _assert_exact_resume("csv", data, max_line) == len(expected)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_csv_valid_files_parse_like_the_csv_module(seed: int) -> None:
+    rng = random.Random(1000 + seed)
+    rows = [["k", "v", "w"]] + [[str(i), _random_text(rng), _random_text(rng)] for i in range(60)]
+    text = "".join(",".join(_csv_field(f) for f in row) + rng.choice(["\n", "\r\n"]) for row in rows)
+    reference = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert ok(parse_csv(text.encode())) and [v for _, v in ok(parse_csv(text.encode()))] == reference
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_jsonl_resume_from_every_record_boundary_is_exact(seed: int) -> None:
+    max_line = 200
+    data, expected = build_jsonl(seed, n=70, max_line=max_line)
+    _check_against_expected(parse_jsonl(data, max_line_bytes=max_line), expected)
+    assert _assert_exact_resume("jsonl", data, max_line) == len(expected)
+
+
+def test_csv_resume_points_of_a_hand_written_file() -> None:
+    data = (BOM.decode() + 'id,txt\r\n1,"a\r\nb"\r\n\r\n2,€😀\n3,"x,""y"""\n4,"\n\n"\n').encode()
+    parser = CsvParser(io.BytesIO(data))
+    records, bounds = _walk(parser)
+    assert [r.line for r in records] == [2, 5, 6, 7]
+    ends = [data.index(b'b"\r\n') + 4, data.index("😀\n".encode()) + 5, data.index(b'"""\n') + 4, len(data)]
+    assert bounds == [(ends[0], 4), (ends[1], 6), (ends[2], 7), (ends[3], 10)]
+    assert _assert_exact_resume("csv", data, 1024) == 4
+
+
+def test_resume_at_end_with_trailing_blank_lines_yields_nothing() -> None:
+    data = b"a,b\n1,2\n\n\r\n"
+    parser = CsvParser(io.BytesIO(data))
+    _, bounds = _walk(parser)
+    assert bounds == [(8, 3)]
+    assert parse_csv(data[8:], offset=8, line=3, header=["a", "b"]) == []
+
+
+# --------------------------------------------------------------------------------------- formats
+
+
+@pytest.mark.parametrize(
+    ("key", "fmt", "expected"),
+    [
+        ("a/b.csv", "auto", ("csv", False)),
+        ("a/B.CSV", "auto", ("csv", False)),
+        ("a/b.csv.gz", "auto", ("csv", True)),
+        ("b.jsonl", "auto", ("jsonl", False)),
+        ("b.ndjson.GZ", "auto", ("jsonl", True)),
+        ("b.json", "auto", ("jsonl", False)),
+        ("b.json.gz", "auto", ("jsonl", True)),
+        ("b.txt", "csv", ("csv", False)),
+        ("b.txt.gz", "jsonl", ("jsonl", True)),
+        ("b.jsonl", "csv", ("csv", False)),
+    ],
+)
+def test_resolve_format(key: str, fmt: str, expected: tuple[str, bool]) -> None:
+    assert resolve_format(key, fmt) == expected
+
+
+@pytest.mark.parametrize("key", ["data.txt", "data.gz", "data.csv.zip", "csv", "data.tsv", "dir.csv/file"])
+def test_resolve_format_unknown_extension_says_what_to_do(key: str) -> None:
+    with pytest.raises(UnknownFormatError) as info:
+        resolve_format(key, "auto")
+    message = str(info.value)
+    assert repr(key) in message
+    assert ".csv, .jsonl, .ndjson or .json, optionally .gz" in message
+    assert "set format to 'csv' or 'jsonl'" in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_resolve_format_rejects_an_unknown_format_name() -> None:
+    with pytest.raises(UnknownFormatError, match="unknown format 'parquet'"):
+        resolve_format("x.csv", "parquet")
