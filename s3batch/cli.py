@@ -1,0 +1,565 @@
+"""``s3batch``: start an S3 batch job and follow it from the command line.
+
+    s3batch start --bucket incoming --prefix customers/ --output-bucket processed --wait
+    s3batch status s3batch-incoming-1a2b3c4d [--json]
+
+The job flags are the fields of :class:`~s3batch.models.S3BatchInput` (``chunk_records`` is
+``--chunk-records``), validated locally before anything is started. The Temporal connection comes
+from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, profiles; see
+:mod:`s3batch.config`), the task queue from ``S3BATCH_TASK_QUEUE`` unless ``--task-queue`` is given.
+
+Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
+3 the ID belongs to a job that already finished (IDs are never reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import asyncio
+import datetime
+import inspect
+import itertools
+import json
+import os
+import sys
+import textwrap
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+from rich import filesize
+from rich.console import Console
+from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as ProgressBar
+from rich.table import Table
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from s3batch import WORKFLOW_TYPE
+from s3batch.config import Settings, connect, connect_config, ui_base
+from s3batch.models import (
+    Checkpoint,
+    ObjectRef,
+    ProcessFileInput,
+    Progress,
+    S3BatchInput,
+    S3BatchResult,
+    Totals,
+    describe_validation_error,
+)
+from s3batch.plugin import S3BatchPlugin
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ID_USED = 3
+
+PROCESS_FILE_ACTIVITY = "s3batch.process_file"
+PROCESS_GROUP_ACTIVITY = "s3batch.process_group"
+FILE_ACTIVITIES = (PROCESS_FILE_ACTIVITY, PROCESS_GROUP_ACTIVITY)
+"""Activity types that process files (one, or a group of small ones): their pending attempts are
+the files in flight."""
+
+_POLL_SECONDS = 0.5
+_QUERY_TIMEOUT = timedelta(seconds=5)
+
+out = Console(soft_wrap=True, highlight=False)
+err_out = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+class CliError(Exception):
+    """An error to print (without a traceback) and exit with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ------------------------------------------------------------------------------ job flags
+
+
+def _field_docs(model: type[BaseModel]) -> dict[str, str]:
+    """The attribute docstrings of ``model``'s fields (the string right under each field)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.replace("``", "").split())
+    return docs
+
+
+def flag(name: str) -> str:
+    """The command-line flag of an :class:`S3BatchInput` field: ``chunk_records`` -> ``--chunk-records``."""
+    return "--" + name.replace("_", "-")
+
+
+def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`S3BatchInput` field, so the command cannot drift from the model.
+
+    Flags are plain strings left out of the namespace unless given: the model converts and
+    validates them, and supplies its own defaults.
+    """
+    docs = _field_docs(S3BatchInput)
+    group = parser.add_argument_group("job input (the fields of S3BatchInput)")
+    for name, info in S3BatchInput.model_fields.items():
+        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
+        metavar = "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
+        default = "required" if info.is_required() else f"default: {info.default!r}"
+        help_text = f"{docs.get(name, '')} ({default})".replace("%", "%%")
+        group.add_argument(flag(name), dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def job_from_args(args: argparse.Namespace) -> S3BatchInput:
+    """Validate the job flags into an :class:`S3BatchInput`.
+
+    Raises:
+        CliError: With ``EXIT_BAD_INPUT`` and a message naming each invalid field.
+    """
+    values = {name: getattr(args, name) for name in S3BatchInput.model_fields if hasattr(args, name)}
+    try:
+        return S3BatchInput.model_validate(values)
+    except ValidationError as err:
+        raise CliError(
+            f"invalid job input: {describe_validation_error(err, what='input')}\n"
+            "(nothing was started; see `s3batch start --help`)",
+            EXIT_BAD_INPUT,
+        ) from None
+
+
+# ------------------------------------------------------------------------------ job state
+
+
+@dataclass
+class InFlightFile:
+    """One file being processed: its pending activity and the last checkpoint it heartbeated."""
+
+    key: str | None
+    activity_id: str
+    attempt: int
+    state: str
+    """``scheduled`` (waiting for a worker or a retry) or ``started``."""
+    last_heartbeat: datetime.datetime | None
+    checkpoint: Checkpoint | None
+    """None until the attempt's first heartbeat reached the server."""
+    last_failure: str | None
+    group_files: int = 1
+    """Files of the activity: more than one for a group of small files, processed in turn."""
+    group_index: int = 0
+    """Which of the group's files ``key`` and ``checkpoint`` are about."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "activity_id": self.activity_id,
+            "attempt": self.attempt,
+            "state": self.state,
+            "last_heartbeat": self.last_heartbeat.isoformat() if self.last_heartbeat else None,
+            "checkpoint": self.checkpoint.model_dump(mode="json") if self.checkpoint else None,
+            "last_failure": self.last_failure,
+            "group_files": self.group_files,
+            "group_index": self.group_index,
+        }
+
+
+@dataclass
+class JobView:
+    """What ``status`` reports about one job."""
+
+    workflow_id: str
+    run_id: str | None
+    status: str
+    """``running``, ``completed``, ``failed``, ``canceled``, ``terminated`` or ``timed_out``."""
+    ui_url: str
+    progress: Progress | None = None
+    in_flight: list[InFlightFile] = field(default_factory=list)
+    result: S3BatchResult | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workflow_id": self.workflow_id,
+            "run_id": self.run_id,
+            "status": self.status,
+            "ui_url": self.ui_url,
+            "progress": self.progress.model_dump(mode="json") if self.progress else None,
+            "in_flight": [f.to_json() for f in self.in_flight],
+            "result": self.result.model_dump(mode="json") if self.result else None,
+            "error": self.error,
+        }
+
+
+def ui_link(client: Client, workflow_id: str) -> str:
+    """The job's page in the Temporal Web UI."""
+    return f"{ui_base(Settings())}/namespaces/{client.namespace}/workflows/{workflow_id}"
+
+
+async def query_progress(handle: WorkflowHandle[Any, Any]) -> Progress | None:
+    """The workflow's ``progress`` query, or None when it cannot answer now (no worker yet)."""
+    try:
+        return await handle.query("progress", result_type=Progress, rpc_timeout=_QUERY_TIMEOUT)
+    except (WorkflowQueryFailedError, RPCError):
+        return None
+
+
+def failure_message(err: WorkflowFailureError) -> str:
+    """The reason a job failed, from the workflow failure's cause."""
+    cause = err.cause
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause  # the activity's own error says what went wrong
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type or 'Error'}: {cause.message}"
+    return f"{type(cause).__name__}: {cause}" if cause else str(err)
+
+
+async def outcome(handle: WorkflowHandle[Any, S3BatchResult]) -> tuple[S3BatchResult | None, str | None]:
+    """Wait for the job's end (following continue-as-new): ``(result, None)`` or ``(None, error)``."""
+    try:
+        return await handle.result(), None
+    except WorkflowFailureError as err:
+        return None, failure_message(err)
+
+
+def _input_keys(activity_type: str, value: Any) -> list[str]:
+    """The object keys of one file activity's input (a group activity processes several)."""
+    if activity_type == PROCESS_GROUP_ACTIVITY:
+        first = ProcessFileInput.model_validate(value["file"])
+        return [first.obj.key, *(ObjectRef.model_validate(obj).key for obj in value["more"])]
+    return [ProcessFileInput.model_validate(value).obj.key]
+
+
+async def in_flight_files(client: Client, workflow_id: str, run_id: str, raw: Any) -> list[InFlightFile]:
+    """The files in flight, from the pending activities of a workflow description.
+
+    The server lists pending activities without their input; the object keys are read from the
+    ``ActivityTaskScheduled`` events of the same run (a run holds at most a few thousand events).
+    A group activity heartbeats ``(checkpoint, index)``: the checkpoint of its ``index``-th file.
+    """
+    pending = [p for p in raw.pending_activities if p.activity_type.name in FILE_ACTIVITIES]
+    if not pending:
+        return []
+    converter = client.data_converter
+    wanted = {p.activity_id for p in pending}
+    keys: dict[str, list[str]] = {}
+    async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+        if not event.HasField("activity_task_scheduled_event_attributes"):
+            continue
+        attrs = event.activity_task_scheduled_event_attributes
+        if attrs.activity_id in wanted and attrs.input.payloads:
+            [value] = await converter.decode(attrs.input.payloads[:1])
+            keys[attrs.activity_id] = _input_keys(attrs.activity_type.name, value)
+    files = []
+    for p in pending:
+        details = await converter.decode(p.heartbeat_details.payloads) if p.heartbeat_details.payloads else []
+        checkpoint = Checkpoint.model_validate(details[0]) if details else None
+        index = details[1] if len(details) > 1 and isinstance(details[1], int) else 0
+        group = keys.get(p.activity_id, [])
+        files.append(
+            InFlightFile(
+                key=group[index] if index < len(group) else None,
+                activity_id=p.activity_id,
+                attempt=p.attempt,
+                state=PendingActivityState.Name(p.state).removeprefix("PENDING_ACTIVITY_STATE_").lower(),
+                last_heartbeat=(
+                    p.last_heartbeat_time.ToDatetime(tzinfo=datetime.UTC) if p.HasField("last_heartbeat_time") else None
+                ),
+                checkpoint=checkpoint,
+                last_failure=p.last_failure.message if p.HasField("last_failure") else None,
+                group_files=len(group),
+                group_index=index,
+            )
+        )
+    return sorted(files, key=lambda f: f.key or "")
+
+
+async def load_job(client: Client, workflow_id: str) -> JobView:
+    """Describe a job: progress and in-flight checkpoints while it runs, its outcome once done.
+
+    Raises:
+        CliError: No job has this ID.
+    """
+    handle = client.get_workflow_handle(workflow_id, result_type=S3BatchResult)
+    try:
+        desc = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(f"no job with ID {workflow_id!r} in namespace {client.namespace!r}") from None
+        raise
+    status = desc.status.name.lower() if desc.status else "unknown"
+    view = JobView(workflow_id=workflow_id, run_id=desc.run_id, status=status, ui_url=ui_link(client, workflow_id))
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        view.progress = await query_progress(handle)
+        view.in_flight = await in_flight_files(client, workflow_id, desc.run_id, desc.raw_description)
+    else:
+        view.result, view.error = await outcome(handle)
+    return view
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def totals_lines(t: Totals | Progress, *, listing_done: bool = True) -> list[str]:
+    """Two human lines of job counters (``Totals`` and ``Progress`` share these fields)."""
+    done = t.files_succeeded + t.files_failed
+    listed = f"{t.files_listed}{'' if listing_done else '+'}"
+    return [
+        f"files    {done} done of {listed} listed ({t.files_succeeded} succeeded, {t.files_failed} failed)",
+        f"records  {t.records:,} read: {t.records_written:,} written, {t.rejected:,} rejected; "
+        f"{filesize.decimal(t.bytes_read)} read",
+    ]
+
+
+def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
+    if result is not None:
+        out.print(f"[bold green]Job {result.status}[/]")
+        for line in totals_lines(result.totals):
+            out.print(f"  {line}")
+        out.print(f"  report   s3://{result.report_bucket}/{result.report_key}")
+    else:
+        err_out.print(f"[bold red]Job failed:[/] {error}")
+
+
+def print_view(view: JobView) -> None:
+    colour = {"running": "cyan", "completed": "green"}.get(view.status, "red")
+    out.print(f"[bold]{view.workflow_id}[/]: [bold {colour}]{view.status}[/]")
+    out.print(f"  Web UI   {view.ui_url}")
+    if view.status != "running":
+        print_outcome(view.result, view.error)
+        return
+    if view.progress is None:
+        out.print("  progress unavailable (no worker has picked the job up yet?)")
+    else:
+        p = view.progress
+        for line in totals_lines(p, listing_done=p.listing_done):
+            out.print(f"  {line}")
+        out.print(
+            f"  running  {p.files_in_flight} file(s) in flight (counted above once finished), "
+            f"workflow run {p.run + 1}"
+        )
+    if not view.in_flight:
+        return
+    table = Table(title="In-flight files: last checkpoint", title_justify="left", box=None, padding=(0, 1))
+    table.add_column("file", overflow="fold")
+    for column in ("attempt", "next record", "byte offset", "chunk", "rejected", "heartbeat"):
+        table.add_column(column, justify="right", no_wrap=True)
+    now = datetime.datetime.now(datetime.UTC)
+    for f in view.in_flight:
+        cp = f.checkpoint
+        age = f"{(now - f.last_heartbeat).total_seconds():.0f}s ago" if f.last_heartbeat else "none yet"
+        group = f" (file {f.group_index + 1} of {f.group_files} in a group)" if f.group_files > 1 else ""
+        table.add_row(
+            (f.key or f"activity {f.activity_id}") + group,
+            str(f.attempt) + ("" if f.state == "started" else f" ({f.state})"),
+            f"{cp.next_record:,}" if cp else "-",
+            "-" if cp is None or cp.byte_offset is None else f"{cp.byte_offset:,}",
+            str(cp.chunk) if cp else "-",
+            f"{cp.rejected:,}" if cp else "-",
+            age,
+        )
+    out.print(table)
+    for f in view.in_flight:
+        if f.last_failure:
+            out.print(f"  {f.key}: last attempt failed: {f.last_failure}")
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ commands
+
+
+async def _connect() -> Client:
+    try:
+        return await connect([S3BatchPlugin()])
+    except (RuntimeError, RPCError, OSError) as err:
+        target = connect_config()["target_host"]
+        raise CliError(f"cannot connect to Temporal at {target} (set TEMPORAL_ADDRESS?): {err}") from None
+
+
+def _was_started(handle: WorkflowHandle[Any, Any]) -> bool:
+    """False when the start found the ID already running (``USE_EXISTING`` returned that run)."""
+    # The SDK keeps the start response on the handle but exposes no public flag for it.
+    response = getattr(handle, "_start_workflow_response", None)
+    return bool(getattr(response, "started", True))
+
+
+async def follow(handle: WorkflowHandle[Any, S3BatchResult]) -> tuple[S3BatchResult | None, str | None]:
+    """Show a live progress bar from the ``progress`` query until the job ends."""
+    done_task = asyncio.ensure_future(outcome(handle))
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.fields[listed]} files"),
+        TextColumn("{task.fields[records]} records, {task.fields[rejected]} rejected"),
+        TextColumn("{task.fields[bytes]}"),
+        TimeElapsedColumn(),
+    )
+    with ProgressBar(*columns, console=out, transient=False) as bar:
+        task = bar.add_task("waiting", total=None, listed="?", records="0", rejected="0", bytes="0 bytes")
+        while not done_task.done():
+            p = await query_progress(handle)
+            if p is not None:
+                bar.update(
+                    task,
+                    description="processing" if p.listing_done else "listing",
+                    completed=p.files_succeeded + p.files_failed,
+                    total=p.files_listed if p.listing_done else None,
+                    listed=f"{p.files_listed}{'' if p.listing_done else '+'}",
+                    records=f"{p.records_written:,}",
+                    rejected=f"{p.rejected:,}",
+                    bytes=filesize.decimal(p.bytes_read),
+                )
+            await asyncio.wait([done_task], timeout=_POLL_SECONDS)
+        result, error = done_task.result()
+        if result is not None:
+            t = result.totals
+            bar.update(
+                task,
+                description="done",
+                completed=t.files_succeeded + t.files_failed,
+                total=t.files_listed,
+                listed=str(t.files_listed),
+                records=f"{t.records_written:,}",
+                rejected=f"{t.rejected:,}",
+                bytes=filesize.decimal(t.bytes_read),
+            )
+        else:
+            bar.update(task, description="failed")
+    return result, error
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    job = job_from_args(args)  # before connecting: bad input never reaches the server
+    settings = Settings()
+    workflow_id = args.id or f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
+    client = await _connect()
+    try:
+        handle = await client.start_workflow(
+            WORKFLOW_TYPE,
+            job,
+            id=workflow_id,
+            task_queue=args.task_queue or settings.task_queue,
+            result_type=S3BatchResult,
+            # A running job with this ID is followed, not started again; a finished one is not rerun.
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError as err:
+        raise CliError(
+            f"job {workflow_id!r} already ran (run {err.run_id}) and is finished; an ID is never reused, so "
+            f"nothing was started. `s3batch status {workflow_id}` shows its outcome; pass another --id "
+            "to run the job again.",
+            EXIT_ID_USED,
+        ) from None
+    started = _was_started(handle)
+    link = ui_link(client, workflow_id)
+    info = {
+        "workflow_id": workflow_id,
+        "run_id": handle.result_run_id,
+        "namespace": client.namespace,
+        "already_running": not started,
+        "ui_url": link,
+    }
+    if not args.json:
+        if started:
+            out.print(f"Started job [bold]{workflow_id}[/]")
+        else:
+            out.print(
+                f"Job [bold]{workflow_id}[/] was already running: not started again "
+                "(the running job keeps its own input)"
+            )
+        out.print(f"  Web UI   {link}")
+        out.print(f"  status   s3batch status {workflow_id}")
+    if not args.wait:
+        if args.json:
+            print_json(info)
+        return EXIT_OK
+    # Follow the latest run of the ID, whatever continue-as-new does.
+    latest = client.get_workflow_handle(workflow_id, result_type=S3BatchResult)
+    if args.json:
+        result, error = await outcome(latest)
+        status = "completed" if result is not None else "failed"
+        print_json({**info, "status": status, "result": result.model_dump(mode="json") if result else None,
+                    "error": error})
+    else:
+        result, error = await follow(latest)
+        print_outcome(result, error)
+        out.print(f"  Web UI   {link}")
+    return EXIT_OK if result is not None else EXIT_FAILED
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    client = await _connect()
+    view = await load_job(client, args.workflow_id)
+    if args.json:
+        print_json(view.to_json())
+    else:
+        print_view(view)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="s3batch",
+        description="Start and follow s3batch jobs (durable processing of files in S3 on Temporal).",
+        epilog="Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY or a "
+        "temporal.toml profile, as for the temporal CLI.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    start = commands.add_parser("start", help="start a job (validated locally first)")
+    _add_job_flags(start)
+    start.add_argument("--id", help="workflow ID (default: s3batch-<bucket>-<random>); reusing one never reruns it")
+    start.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
+    start.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends")
+    start.add_argument("--json", action="store_true", help="machine-readable output")
+    start.set_defaults(func=cmd_start)
+
+    status = commands.add_parser("status", help="progress and in-flight checkpoints of a job")
+    status.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` and return its exit code (for callers in Python)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.func(args))
+    except CliError as err:
+        err_out.print(f"[bold red]error:[/] {err}")
+        return err.code
+    except KeyboardInterrupt:
+        err_out.print("interrupted: the job itself keeps running (see `s3batch status ID`)")
+        return 130
+
+
+def main() -> None:
+    """Console-script entry point."""
+    code = run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: the Temporal client's native threads can outlive the event loop and
+    # abort a finishing interpreter (temporalio/sdk-python#300), turning a success into SIGABRT.
+    os._exit(code)
