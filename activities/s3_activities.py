@@ -32,12 +32,14 @@ from s3batch.models import (
     ListObjectsResult,
     ObjectRef,
     ProcessFileInput,
+    ProcessGroupInput,
     ReportSegmentInput,
     S3BatchInput,
 )
 from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
 from s3batch.s3io import (
     BAD_FILE,
+    NON_RETRYABLE_TYPES,
     UNKNOWN_HANDLER,
     WORKER_SHUTDOWN,
     S3Client,
@@ -111,9 +113,10 @@ class S3Activities:
         Failures carry ``{"attempt": n}`` as details so the job report can say how many attempts
         a failed file had.
         """
+        details = activity.info().heartbeat_details
         attempt = {"attempt": activity.info().attempt}
         try:
-            return _FileJob(self.s3, req).run()
+            return _FileJob(self.s3, req, details[0] if details else None).run()
         except ApplicationError as err:
             raise ApplicationError(
                 err.message,
@@ -131,6 +134,33 @@ class S3Activities:
                 attempt,
                 type=type(err).__name__,
             ) from err
+
+    @activity.defn(name="s3batch.process_group")
+    def process_group(self, req: ProcessGroupInput) -> list[FileResult]:
+        """Process small objects one after the other. A file that fails for good (changed, missing,
+        bad format) is reported failed without failing the group; a transient error fails the
+        attempt, and the retry skips the files already done (their final parts are committed)."""
+        info = activity.info()
+        details = info.heartbeat_details
+        resume_index = details[1] if len(details) >= 2 and isinstance(details[1], int) else -1
+        results: list[FileResult] = []
+        for index, item in enumerate(req.items()):
+            hint = details[0] if index == resume_index else None
+            try:
+                results.append(_FileJob(self.s3, item, hint, index).run())
+            except ApplicationError as err:
+                if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
+                    raise
+                results.append(
+                    FileResult(
+                        key=item.obj.key,
+                        etag=item.obj.etag,
+                        status="failed",
+                        attempts=info.attempt,
+                        error=f"{err.type}: {err.message}",
+                    )
+                )
+        return results
 
     # ------------------------------------------------------------------ report
 
@@ -180,9 +210,17 @@ class _FileJob:
     """One attempt at one file. Write-then-checkpoint: a chunk's part (data + checkpoint metadata)
     is written in one PUT, and only then heartbeated."""
 
-    def __init__(self, s3: S3Client, req: ProcessFileInput) -> None:
+    def __init__(self, s3: S3Client, req: ProcessFileInput, heartbeat: Any = None, index: int | None = None) -> None:
+        """Args:
+        s3: The S3 client.
+        req: The file and the job options.
+        heartbeat: The checkpoint found in the last heartbeat details for this file, if any.
+        index: Position of the file in its group; sent along with each heartbeat.
+        """
         self.s3 = s3
         self.req = req
+        self._heartbeat_hint = heartbeat
+        self._extra = () if index is None else (index,)
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
         self.info = activity.info()
@@ -205,11 +243,10 @@ class _FileJob:
     # ---------------------------------------------------------------- resume
 
     def _heartbeat_checkpoint(self) -> Checkpoint | None:
-        details = self.info.heartbeat_details
-        if not details:
+        if self._heartbeat_hint is None:
             return None
         try:
-            cp = Checkpoint.model_validate(details[0])
+            cp = Checkpoint.model_validate(self._heartbeat_hint)
         except ValidationError:
             activity.logger.warning("ignoring unreadable heartbeat details of %s", self.where)
             return None
@@ -227,10 +264,10 @@ class _FileJob:
         version = head.get("VersionId")
         return version if version and version != "null" else None
 
-    def _committed(self, chunk: int) -> Checkpoint | bool | None:
-        """The checkpoint stored on part ``chunk``: a Checkpoint, None if absent, False if it was
-        written for another source version or other options."""
-        key = layout.part_key(self.req.output_prefix, self.obj.key, chunk)
+    def _committed(self, chunk: int, kind: str = "part") -> Checkpoint | bool | None:
+        """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None
+        if absent, False if it was written for another source version or other options."""
+        key = (layout.part_key if kind == "part" else layout.rejects_key)(self.req.output_prefix, self.obj.key, chunk)
         try:
             head = self.s3.head_object(Bucket=self.req.output_bucket, Key=key)
         except ClientError as err:
@@ -266,6 +303,10 @@ class _FileJob:
         while not cp.done:
             found = self._committed(cp.chunk)
             if found is None:
+                # Rejects are written just before their part: a crash between the two PUTs of a run
+                # on another source version leaves rejects that this run must not keep.
+                if self._committed(cp.chunk, "rejects") is False:
+                    self._delete_outputs_from(cp.chunk)
                 break
             if found is False:
                 # Output left by a run with another source version or options: not ours to keep.
@@ -356,7 +397,7 @@ class _FileJob:
         req = self.req
         handler = self.handler
         sub_batch = min(req.chunk_records, _SUB_BATCH)
-        activity.heartbeat(cp)
+        self._beat(cp)
         with contextlib.ExitStack() as stack:
             try:
                 records, parser = self._records(cp, stack)
@@ -379,13 +420,13 @@ class _FileJob:
                             break
                         taken += len(batch)
                         self._handle(handler, batch, output, rejects)
-                        activity.heartbeat(cp)  # liveness; the SDK throttles what reaches the server
+                        self._beat(cp)  # liveness; the SDK throttles what reaches the server
                     end_offset = None if self.gz else parser.offset
                     end_line = parser.line
                     lookahead = list(islice(records, 1))
                     done = not lookahead
                     cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
-                    activity.heartbeat(cp)
+                    self._beat(cp)
                 if done:
                     return cp
 
@@ -435,10 +476,11 @@ class _FileJob:
             }
         )
         if rejects:
+            rejects.sort(key=lambda r: r.line)  # parser and handler rejects, in file order
             body = b"".join(
                 orjson.dumps({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
             )
-            self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, None)
+            self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         try:
             body = b"\n".join(map(orjson.dumps, output)) + b"\n" if output else b""
         except TypeError as err:
@@ -450,24 +492,26 @@ class _FileJob:
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         return new
 
-    def _put(self, key: str, body: bytes, cp: Checkpoint | None) -> None:
+    def _put(self, key: str, body: bytes, cp: Checkpoint) -> None:
         kwargs: dict[str, Any] = {
             "Bucket": self.req.output_bucket,
             "Key": key,
             "Body": body,
             "ContentType": "application/x-ndjson",
         }
-        if cp is not None:
-            kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
+        kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
         try:
             self.s3.put_object(**kwargs)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", self.req.output_bucket, key)
 
+    def _beat(self, cp: Checkpoint) -> None:
+        activity.heartbeat(cp, *self._extra)
+
     def _stop_if_asked(self, cp: Checkpoint) -> None:
         """At a chunk boundary: hand the file over when the worker is shutting down."""
         if activity.is_worker_shutdown():
-            activity.heartbeat(cp)
+            self._beat(cp)
             activity.logger.info("worker shutting down: %s stops at record %d", self.where, cp.next_record)
             raise ApplicationError(
                 f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}",

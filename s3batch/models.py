@@ -62,6 +62,10 @@ class S3BatchInput(_Model):
     """The job fails when more files than this failed (after every other file was processed)."""
     max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
     """A longer line becomes a reject instead of being read into memory."""
+    group_max_files: int = Field(100, ge=1, le=1_000)
+    """Small objects are processed several per activity, up to this many (1 disables grouping)."""
+    group_max_bytes: int = Field(4 * 1024 * 1024, ge=0)
+    """Objects smaller than this are grouped, up to this many bytes per group (0 disables grouping)."""
 
     @model_validator(mode="after")
     def _output_outside_source(self) -> S3BatchInput:
@@ -113,6 +117,8 @@ class JobState(_Model):
     """Per-file results of earlier runs, flushed to ``{output_prefix}_s3batch/report-NNNNN.jsonl``."""
     files_per_run: int = Field(500, ge=1, le=2_000)
     """Files one run starts before it continues as new."""
+    solo: list[str] = Field(default_factory=list)
+    """Keys of pending objects whose group failed: they are retried one per activity."""
 
 
 class ListObjectsInput(_Model):
@@ -140,6 +146,20 @@ class ProcessFileInput(_Model):
     handler: str
     chunk_records: int
     max_record_bytes: int
+
+
+class ProcessGroupInput(_Model):
+    """Input of the group activity: small objects processed one after the other in one activity, so
+    per-activity overhead does not dominate (like Step Functions' ItemBatcher)."""
+
+    file: ProcessFileInput
+    """Options shared by the group; its ``obj`` is the group's first object."""
+    more: list[ObjectRef]
+    """The group's other objects."""
+
+    def items(self) -> list[ProcessFileInput]:
+        first = self.file
+        return [first, *(first.model_copy(update={"obj": obj}) for obj in self.more)]
 
 
 class Checkpoint(_Model):

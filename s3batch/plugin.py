@@ -65,6 +65,7 @@ class S3BatchPlugin(SimplePlugin):
             acts.check_job,
             acts.list_objects,
             acts.process_file,
+            acts.process_group,
             acts.write_report_segment,
             acts.write_report,
         ]

@@ -556,11 +556,6 @@ def test_unreadable_csv_header_fails_as_bad_file(s3: Any, buckets: tuple[str, st
     assert output_keys(s3, out, obj.key) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in activities/s3_activities.py _resume_point: stale outputs are only removed when a "
-    "part exists at the resume chunk, so a rejects object left without its part survives",
-)
 def test_rejects_left_without_their_part_by_another_version_are_removed(s3: Any, buckets: tuple[str, str]) -> None:
     # A crashed attempt on an older version of the object wrote rejects-00000 (written before its
     # part) and died before part-00000.

@@ -90,3 +90,34 @@ async def test_bad_input_fails_fast_naming_the_field(client: Client, worker: Wor
         assert "chunk_records" in cause.message and "colour" in cause.message
     else:
         raise AssertionError("a bad input must fail the workflow")
+
+
+async def test_small_files_are_grouped_and_a_bad_one_fails_alone(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    src, out = buckets
+    for i in range(25):
+        s3.put_object(Bucket=src, Key=f"small/{i:02d}.jsonl", Body=f'{{"i": {i}}}\n'.encode())
+    s3.put_object(Bucket=src, Key="small/13.txt", Body=b"not a known format\n")
+    job_id = f"group-{uuid.uuid4().hex[:8]}"
+    result = await client.execute_workflow(
+        S3BatchWorkflow.run,
+        S3BatchInput(bucket=src, prefix="small/", output_bucket=out, group_max_files=10, max_failed_files=1),
+        id=job_id,
+        task_queue=task_queue,
+    )
+    assert result.totals.files_succeeded == 25
+    assert result.totals.files_failed == 1
+    assert result.totals.records_written == 25
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.count("s3batch.process_group") == 3  # 26 files, groups of at most 10
+    assert "s3batch.process_file" not in scheduled
+    report = json.loads(s3.get_object(Bucket=out, Key="_report.json")["Body"].read())
+    failed = [f for f in report["files"] if f["status"] == "failed"]
+    assert [f["key"] for f in failed] == ["small/13.txt"]
+    assert failed[0]["error"].startswith("BadFile: cannot tell the format of 'small/13.txt'")

@@ -188,6 +188,7 @@ async def test_workflow_worker_killed_mid_job_is_replayed_elsewhere(
                 chunk_records=500,
                 handler="slow_passthrough",
                 max_concurrent_files=2,
+                group_max_files=1,
                 heartbeat_timeout_seconds=5,
             ),
             id=f"wfkill-{uuid.uuid4().hex[:8]}",
@@ -222,7 +223,9 @@ async def test_continue_as_new_keeps_every_file_in_the_report(
     for i in range(7):
         s3.put_object(Bucket=src, Key=f"in/{i:02d}.jsonl", Body=b'{"a": 1}\n{"a": 2}\n')
     job_id = f"can-{uuid.uuid4().hex[:8]}"
-    job = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", max_concurrent_files=2)
+    job = S3BatchInput(
+        bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", max_concurrent_files=2, group_max_files=1
+    )
     result = await client.execute_workflow(
         "S3BatchWorkflow",
         args=[job.model_dump(mode="json"), {"files_per_run": 3}],

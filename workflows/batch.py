@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ListObjectsInput,
         ObjectRef,
         ProcessFileInput,
+        ProcessGroupInput,
         Progress,
         ReportSegmentInput,
         S3BatchInput,
@@ -72,6 +73,8 @@ class S3BatchWorkflow:
         self._in_flight: dict[str, ObjectRef] = {}
         self._results: list[FileResult] = []
         self._finished = 0
+        self._active = 0
+        """File activities running (a group of small files is one)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @workflow.run
@@ -93,7 +96,7 @@ class S3BatchWorkflow:
 
         started_this_run = 0
         while True:
-            while len(self._in_flight) < spec.max_concurrent_files:
+            while self._active < spec.max_concurrent_files:
                 if started_this_run >= st.files_per_run or workflow.info().is_continue_as_new_suggested():
                     break
                 if not st.pending:
@@ -101,13 +104,15 @@ class S3BatchWorkflow:
                         break
                     await self._list_next_page()
                     continue
-                obj = st.pending.pop(0)
-                self._in_flight[obj.key] = obj
-                started_this_run += 1
-                task = asyncio.create_task(self._process(obj))
+                group = self._next_group(max(1, st.files_per_run - started_this_run))
+                for obj in group:
+                    self._in_flight[obj.key] = obj
+                started_this_run += len(group)
+                self._active += 1
+                task = asyncio.create_task(self._process(group))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            if not self._in_flight:
+            if not self._active:
                 break
             finished = self._finished
             await workflow.wait_condition(lambda finished=finished: self._finished != finished)
@@ -135,38 +140,88 @@ class S3BatchWorkflow:
         st.totals.files_listed += len(page.objects)
         self._update_details()
 
-    async def _process(self, obj: ObjectRef) -> None:
+    def _next_group(self, limit: int) -> list[ObjectRef]:
+        """Pop the next object, with the small objects that follow it when it is small itself (at
+        most ``limit`` objects in all)."""
+        st = self._state
         spec = self._job
+
+        def small(obj: ObjectRef) -> bool:
+            return spec.group_max_files > 1 and obj.size < spec.group_max_bytes and obj.key not in st.solo
+
+        first = st.pending.pop(0)
+        group = [first]
+        if small(first):
+            total = first.size
+            while (
+                st.pending
+                and len(group) < min(spec.group_max_files, limit)
+                and small(st.pending[0])
+                and total + st.pending[0].size <= spec.group_max_bytes
+            ):
+                total += st.pending[0].size
+                group.append(st.pending.pop(0))
+        elif first.key in st.solo:
+            st.solo.remove(first.key)
+        return group
+
+    def _file_input(self, obj: ObjectRef) -> ProcessFileInput:
+        spec = self._job
+        return ProcessFileInput(
+            job_id=workflow.info().workflow_id,
+            bucket=spec.bucket,
+            obj=obj,
+            output_bucket=spec.output_bucket,
+            output_prefix=spec.output_prefix,
+            format=spec.format,
+            handler=spec.handler,
+            chunk_records=spec.chunk_records,
+            max_record_bytes=spec.max_record_bytes,
+        )
+
+    async def _process(self, group: list[ObjectRef]) -> None:
+        spec = self._job
+        options: dict[str, Any] = {
+            "start_to_close_timeout": timedelta(hours=24),
+            "heartbeat_timeout": timedelta(seconds=spec.heartbeat_timeout_seconds),
+            "retry_policy": RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                backoff_coefficient=2.0,
+                maximum_interval=timedelta(seconds=60),
+                maximum_attempts=spec.max_attempts,
+                non_retryable_error_types=NON_RETRYABLE_TYPES,
+            ),
+        }
+        results: list[FileResult] = []
         try:
-            result = await workflow.execute_activity_method(
-                S3Activities.process_file,
-                ProcessFileInput(
-                    job_id=workflow.info().workflow_id,
-                    bucket=spec.bucket,
-                    obj=obj,
-                    output_bucket=spec.output_bucket,
-                    output_prefix=spec.output_prefix,
-                    format=spec.format,
-                    handler=spec.handler,
-                    chunk_records=spec.chunk_records,
-                    max_record_bytes=spec.max_record_bytes,
-                ),
-                start_to_close_timeout=timedelta(hours=24),
-                heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
-                retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    backoff_coefficient=2.0,
-                    maximum_interval=timedelta(seconds=60),
-                    maximum_attempts=spec.max_attempts,
-                    non_retryable_error_types=NON_RETRYABLE_TYPES,
-                ),
-                summary=obj.key,
-            )
+            if len(group) == 1:
+                result = await workflow.execute_activity_method(
+                    S3Activities.process_file, self._file_input(group[0]), summary=group[0].key, **options
+                )
+                results = [result]
+            else:
+                results = await workflow.execute_activity_method(
+                    S3Activities.process_group,
+                    ProcessGroupInput(file=self._file_input(group[0]), more=group[1:]),
+                    summary=f"{group[0].key} and {len(group) - 1} more small files",
+                    **options,
+                )
         except ActivityError as err:
-            result = _failed_result(obj, err, spec.max_attempts)
-            workflow.logger.warning("file s3://%s/%s failed: %s", spec.bucket, obj.key, result.error)
-        self._record(result)
-        del self._in_flight[obj.key]
+            if len(group) == 1:
+                results = [_failed_result(group[0], err, spec.max_attempts)]
+            else:
+                # Give each file of the failed group its own activity (and its own retries), so one
+                # bad file cannot fail its neighbours.
+                workflow.logger.warning("group of %d files failed (%s); retrying them one by one", len(group), err)
+                self._state.pending[0:0] = group
+                self._state.solo.extend(obj.key for obj in group)
+        for result in results:
+            if result.status == "failed":
+                workflow.logger.warning("file s3://%s/%s failed: %s", spec.bucket, result.key, result.error)
+            self._record(result)
+        for obj in group:
+            del self._in_flight[obj.key]
+        self._active -= 1
         self._finished += 1
         self._update_details()
 
