@@ -15,6 +15,7 @@ from datetime import timedelta
 from temporalio.worker import Worker
 
 from s3batch.config import Settings, connect
+from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 
@@ -33,7 +34,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         max_concurrent_activities=settings.max_concurrent_files,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
     )
-    async with worker:
+    # The health reporter exits first: the worker reports unhealthy as soon as it stops polling.
+    async with worker, HealthReporter.from_env(client, worker, task_queue=settings.task_queue):
         log.info(
             "worker polling task queue %r on %s (namespace %s), %d file slots",
             settings.task_queue,

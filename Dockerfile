@@ -1,0 +1,70 @@
+# s3batch worker image.
+#
+#   docker build -t s3batch-worker .
+#   docker run --env-file worker.env s3batch-worker
+#
+# Configuration is the environment only (TEMPORAL_*, AWS_*, S3BATCH_*): see docs/DEPLOY.md.
+
+# ---------------------------------------------------------------------------- build stage
+FROM python:3.11.15-slim-bookworm AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+
+WORKDIR /src
+
+# Dependencies first, from pyproject.toml alone: this layer is rebuilt only when the pinned
+# dependencies change, not on every source edit.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# Then the source, installed without dependencies (they are all in the layer above).
+# README.md* matches nothing harmlessly while the repository has no README.
+COPY pyproject.toml README.md* worker.py ./
+COPY s3batch/ s3batch/
+COPY activities/ activities/
+COPY workflows/ workflows/
+RUN pip install --no-cache-dir --no-deps . \
+    && python -m compileall -q /opt/venv/lib
+
+# ---------------------------------------------------------------------------- runtime stage
+FROM python:3.11.15-slim-bookworm
+
+# A fixed numeric uid/gid, so Kubernetes can verify runAsNonRoot without resolving a name.
+RUN groupadd --system --gid 10001 s3batch \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin s3batch
+
+COPY --from=build /opt/venv /opt/venv
+
+# S3BATCH_HEALTH_FILE: where the worker keeps its heartbeat (s3batch/health.py); /tmp is the one
+# place a non-root user (or a read-only root filesystem with an emptyDir on /tmp) can write.
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    S3BATCH_HEALTH_FILE=/tmp/s3batch-health.json
+
+USER 10001:10001
+
+# The worker handles SIGTERM itself: it stops polling at once, lets in-flight files reach a chunk
+# boundary and hand over, and cancels whatever is left after S3BATCH_GRACEFUL_SHUTDOWN_SECONDS
+# (default 30). Give the container that long plus a margin before SIGKILL:
+#   docker stop -t 45, compose stop_grace_period: 45s, Kubernetes terminationGracePeriodSeconds: 45.
+STOPSIGNAL SIGTERM
+
+# Healthy = the worker is polling its task queue and the Temporal frontend answered within the last
+# 30 s (the worker rewrites the heartbeat file every 5 s). Starting takes a few seconds.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-m", "s3batch.health"]
+
+# Exec form: the worker is PID 1 and receives SIGTERM directly. It installs its own SIGTERM/SIGINT
+# handlers (the kernel ignores signals without a handler for PID 1) and starts no child processes,
+# so there is nothing for an init such as tini to forward or reap.
+ENTRYPOINT ["s3batch-worker"]
