@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from datetime import timedelta
 
@@ -62,6 +63,10 @@ def main() -> None:
         loop.run_until_complete(run_worker(settings, stop))
     finally:
         loop.close()
+    # The Temporal core runtime's threads can abort interpreter finalisation (temporalio/sdk-python
+    # issue 300, exit 134); the drain is complete here, so leave without finalising.
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
