@@ -17,7 +17,11 @@ BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, patte
 
 Format = Literal["auto", "csv", "jsonl"]
 
-FileStatus = Literal["succeeded", "failed"]
+FileStatus = Literal["succeeded", "failed", "cancelled"]
+"""``cancelled``: the job was cancelled while the file was in flight; it stopped at a chunk boundary
+with its checkpoint, so a later job over the same output resumes it."""
+
+JobStatus = Literal["succeeded", "failed", "cancelled"]
 
 
 def describe_validation_error(err: ValidationError, *, what: str = "record") -> str:
@@ -97,6 +101,8 @@ class Totals(_Model):
     files_listed: int = 0
     files_succeeded: int = 0
     files_failed: int = 0
+    files_cancelled: int = 0
+    """Files in flight when the job was cancelled (stopped at a chunk boundary)."""
     records: int = 0
     """Records read from the sources (written + rejected)."""
     records_written: int = 0
@@ -119,6 +125,10 @@ class JobState(_Model):
     """Files one run starts before it continues as new."""
     solo: list[str] = Field(default_factory=list)
     """Keys of pending objects whose group failed: they are retried one per activity."""
+    paused: bool = False
+    """Set by the ``pause`` update: no new file starts until ``resume``."""
+    max_concurrent_files: int | None = Field(None, ge=1, le=1_000)
+    """Set by the ``set_concurrency`` update; overrides the input's ``max_concurrent_files``."""
 
 
 class ListObjectsInput(_Model):
@@ -214,7 +224,7 @@ class ReportSegmentInput(_Model):
 class FinalReportInput(_Model):
     job_id: str
     job: S3BatchInput
-    status: Literal["succeeded", "failed"]
+    status: JobStatus
     totals: Totals
     segments: int
     """Number of segments flushed by earlier runs."""
@@ -237,6 +247,13 @@ class Progress(_Model):
     run: int
     in_flight: list[str] = Field(default_factory=list)
     """Keys of the files being processed now."""
+    paused: bool = False
+    """Paused by the ``pause`` update: no new file starts; files in flight run to their end."""
+    max_concurrent_files: int | None = None
+    """Current limit of files in flight (the input's, or the last ``set_concurrency``)."""
+    cancelling: bool = False
+    """The job was cancelled: files in flight are stopping at a chunk boundary."""
+    files_cancelled: int = 0
 
 
 class S3BatchResult(_Model):

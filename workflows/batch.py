@@ -4,6 +4,17 @@ The workflow holds at most one listing page of keys, runs at most ``max_concurre
 activities at once, and continues as new every ``JobState.files_per_run`` files (or when the server suggests
 it), flushing that run's per-file results to S3 so its history and state stay small whatever the
 number of files.
+
+Control, by workflow updates (so ``temporal workflow update execute --name pause`` works as well as
+``s3batch pause``):
+
+- ``pause`` / ``resume``: a paused job starts no new file. Pause lets running files finish: an
+  activity already in flight (one file, or a group of small files) runs to its end.
+- ``set_concurrency(n)``: the number of files in flight, 1..1000, for this run and later ones
+  (lowering it lets the extra files in flight finish).
+- Cancelling the workflow is graceful: no new file starts, in-flight files are asked to stop at their
+  next chunk boundary (after their checkpoint) and waited for, the report is written with them as
+  ``cancelled``, and the workflow then ends as cancelled.
 """
 
 from __future__ import annotations
@@ -15,7 +26,8 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
+from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from activities.s3_activities import S3Activities
@@ -24,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         FileResult,
         FinalReportInput,
         JobState,
+        JobStatus,
         ListObjectsInput,
         ObjectRef,
         ProcessFileInput,
@@ -37,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.s3io import INVALID_INPUT, NON_RETRYABLE_TYPES
 
 LIST_PAGE_SIZE = 500
+MAX_CONCURRENCY = 1_000
 
 _SHORT_ACTIVITY = {
     "start_to_close_timeout": timedelta(minutes=5),
@@ -68,8 +82,15 @@ def parse_job(raw: Any) -> S3BatchInput:
 
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:
-    def __init__(self) -> None:
-        self._state = JobState()
+    @workflow.init
+    def __init__(self, job: Any, state: Any = None) -> None:
+        # The state is read here, not in run(), so an update arriving in a run's first activation
+        # sees (and changes) the state carried over by continue-as-new.
+        self._state = JobState.model_validate(state) if state is not None else JobState()
+        self._job: S3BatchInput | None = None
+        self._wake = 0
+        """Bumped by every control update, to wake the scheduling loop."""
+        self._cancelling = False
         self._in_flight: dict[str, ObjectRef] = {}
         self._results: list[FileResult] = []
         self._finished = 0
@@ -87,8 +108,13 @@ class S3BatchWorkflow:
         """
         spec = parse_job(job)
         self._job = spec
-        if state is not None:
-            self._state = JobState.model_validate(state)
+        try:
+            return await self._run(spec)
+        except asyncio.CancelledError:
+            await self._cancel(spec)
+            raise
+
+    async def _run(self, spec: S3BatchInput) -> S3BatchResult:
         st = self._state
         self._update_details()
         if st.run == 0:
@@ -96,7 +122,7 @@ class S3BatchWorkflow:
 
         started_this_run = 0
         while True:
-            while self._active < spec.max_concurrent_files:
+            while not st.paused and self._active < self._limit():
                 if started_this_run >= st.files_per_run or workflow.info().is_continue_as_new_suggested():
                     break
                 if not st.pending:
@@ -112,14 +138,39 @@ class S3BatchWorkflow:
                 task = asyncio.create_task(self._process(group))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-            if not self._active:
+            if not self._active and not st.paused:
                 break
-            finished = self._finished
-            await workflow.wait_condition(lambda finished=finished: self._finished != finished)
+            finished, wake = self._finished, self._wake
+            await workflow.wait_condition(
+                lambda finished=finished, wake=wake: self._finished != finished or self._wake != wake
+            )
 
         if st.pending or not st.listing_done:
             await self._continue_as_new()
         return await self._finish()
+
+    def _limit(self) -> int:
+        """Files in flight allowed now: the last ``set_concurrency``, else the job's own setting."""
+        spec = self._job
+        return self._state.max_concurrent_files or (spec.max_concurrent_files if spec else 1)
+
+    async def _cancel(self, spec: S3BatchInput) -> None:
+        """Graceful cancellation: stop the files in flight at a chunk boundary and write the report."""
+        self._cancelling = True
+        self._update_details()
+        for task in list(self._tasks):
+            # The activities use WAIT_CANCELLATION_COMPLETED: each task ends once its activity
+            # has stopped after its last checkpoint (or finished anyway).
+            task.cancel()
+        await workflow.wait_condition(lambda: not self._active)
+        workflow.logger.info(
+            "job cancelled: %d file(s) stopped in flight, %d not started",
+            self._state.totals.files_cancelled,
+            len(self._state.pending),
+        )
+        await self._write_report(spec, "cancelled")
+        self._update_details(final="cancelled")
+        await workflow.wait_condition(workflow.all_handlers_finished)
 
     async def _list_next_page(self) -> None:
         st = self._state
@@ -184,6 +235,9 @@ class S3BatchWorkflow:
         options: dict[str, Any] = {
             "start_to_close_timeout": timedelta(hours=24),
             "heartbeat_timeout": timedelta(seconds=spec.heartbeat_timeout_seconds),
+            # On job cancellation, wait until the file has stopped at its chunk boundary, so the
+            # report is written after every checkpoint.
+            "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
             "retry_policy": RetryPolicy(
                 initial_interval=timedelta(seconds=1),
                 backoff_coefficient=2.0,
@@ -206,8 +260,13 @@ class S3BatchWorkflow:
                     summary=f"{group[0].key} and {len(group) - 1} more small files",
                     **options,
                 )
+        except asyncio.CancelledError:
+            # Only the job's cancellation cancels this task; the activity has already stopped.
+            results = [_cancelled_result(obj) for obj in group]
         except ActivityError as err:
-            if len(group) == 1:
+            if self._cancelling and is_cancelled_exception(err):
+                results = [_cancelled_result(obj) for obj in group]
+            elif len(group) == 1:
                 results = [_failed_result(group[0], err, spec.max_attempts)]
             else:
                 # Give each file of the failed group its own activity (and its own retries), so one
@@ -229,6 +288,8 @@ class S3BatchWorkflow:
         totals = self._state.totals
         if result.status == "succeeded":
             totals.files_succeeded += 1
+        elif result.status == "cancelled":
+            totals.files_cancelled += 1
         else:
             totals.files_failed += 1
         totals.records += result.records
@@ -256,12 +317,9 @@ class S3BatchWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(args=[spec.model_dump(mode="json"), st.model_dump(mode="json")])
 
-    async def _finish(self) -> S3BatchResult:
+    async def _write_report(self, spec: S3BatchInput, status: JobStatus) -> str:
         st = self._state
-        spec = self._job
-        failed = st.totals.files_failed > spec.max_failed_files
-        status = "failed" if failed else "succeeded"
-        key = await workflow.execute_activity_method(
+        return await workflow.execute_activity_method(
             S3Activities.write_report,
             FinalReportInput(
                 job_id=workflow.info().workflow_id,
@@ -273,7 +331,16 @@ class S3BatchWorkflow:
             ),
             **_SHORT_ACTIVITY,
         )
+
+    async def _finish(self) -> S3BatchResult:
+        st = self._state
+        spec = self._job
+        assert spec is not None
+        failed = st.totals.files_failed > spec.max_failed_files
+        status: JobStatus = "failed" if failed else "succeeded"
+        key = await self._write_report(spec, status)
         self._update_details(final=status)
+        await workflow.wait_condition(workflow.all_handlers_finished)
         if failed:
             raise ApplicationError(
                 f"{st.totals.files_failed} of {st.totals.files_listed} files failed (max_failed_files="
@@ -300,18 +367,59 @@ class S3BatchWorkflow:
             listing_done=self._state.listing_done,
             run=self._state.run,
             in_flight=sorted(self._in_flight),
+            paused=self._state.paused,
+            max_concurrent_files=self._limit(),
+            cancelling=self._cancelling,
+            files_cancelled=t.files_cancelled,
         )
+
+    @workflow.update
+    def pause(self) -> Progress:
+        """Start no new file until ``resume``; files in flight run to their end."""
+        self._state.paused = True
+        return self._changed()
+
+    @workflow.update
+    def resume(self) -> Progress:
+        """Start files again after ``pause`` (a no-op when the job is not paused)."""
+        self._state.paused = False
+        return self._changed()
+
+    @workflow.update
+    def set_concurrency(self, n: int) -> Progress:
+        """Process at most ``n`` files at once from now on, in this run and later ones."""
+        self._state.max_concurrent_files = n
+        return self._changed()
+
+    @set_concurrency.validator
+    def _validate_concurrency(self, n: int) -> None:
+        # A rejected update never reaches history: the job is untouched and the caller gets the error.
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, got {n!r}")
+
+    def _changed(self) -> Progress:
+        self._wake += 1
+        self._update_details()
+        return self.progress()
 
     def _update_details(self, final: str | None = None) -> None:
         t = self._state.totals
         spec = getattr(self, "_job", None)
         head = f"s3://{spec.bucket}/{spec.prefix} -> s3://{spec.output_bucket}/{spec.output_prefix}" if spec else ""
-        state = final or ("listing" if not self._state.listing_done else "processing")
+        if final:
+            state = final
+        elif self._cancelling:
+            state = "cancelling"
+        elif self._state.paused:
+            state = "paused (files in flight finish)"
+        else:
+            state = "listing" if not self._state.listing_done else "processing"
         workflow.set_current_details(
             f"**{state}** {head}\n\n"
             f"files: {t.files_succeeded + t.files_failed} done of {t.files_listed} listed"
             f"{'' if self._state.listing_done else '+'}, {t.files_failed} failed, "
-            f"{len(self._in_flight)} in flight\n\n"
+            f"{len(self._in_flight)} in flight (max {self._limit()})"
+            f"{f', {t.files_cancelled} cancelled' if t.files_cancelled else ''}\n\n"
             f"records: {t.records_written} written, {t.rejected} rejected; {t.bytes_read} bytes read"
             + (
                 f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}"
@@ -319,6 +427,15 @@ class S3BatchWorkflow:
                 else ""
             )
         )
+
+
+def _cancelled_result(obj: ObjectRef) -> FileResult:
+    return FileResult(
+        key=obj.key,
+        etag=obj.etag,
+        status="cancelled",
+        error="job cancelled: stopped at a chunk boundary after its last checkpoint",
+    )
 
 
 def _failed_result(obj: ObjectRef, err: ActivityError, max_attempts: int) -> FileResult:
