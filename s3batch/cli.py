@@ -2,6 +2,15 @@
 
     s3batch start --bucket incoming --prefix customers/ --output-bucket processed --wait
     s3batch status s3batch-incoming-1a2b3c4d [--json]
+    s3batch pause ID / s3batch resume ID     # pause lets running files finish
+    s3batch set-concurrency ID 16
+    s3batch cancel ID                        # in-flight files stop at a chunk boundary
+    s3batch report ID [--json]
+    s3batch list [--json]
+
+``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
+``temporal workflow update execute --name pause --workflow-id ID`` does the same (``set_concurrency``
+takes ``--input N``).
 
 The job flags are the fields of :class:`~s3batch.models.S3BatchInput` (``chunk_records`` is
 ``--chunk-records``), validated locally before anything is started. The Temporal connection comes
@@ -42,12 +51,13 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from s3batch import WORKFLOW_TYPE
+from s3batch import WORKFLOW_TYPE, layout
 from s3batch.config import Settings, connect, connect_config, ui_base
 from s3batch.models import (
     Checkpoint,
@@ -60,6 +70,7 @@ from s3batch.models import (
     describe_validation_error,
 )
 from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -518,6 +529,185 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------ control
+
+
+async def _existing(client: Client, workflow_id: str) -> WorkflowHandle[Any, S3BatchResult]:
+    """A handle on the latest run of a job that exists.
+
+    Raises:
+        CliError: No job has this ID.
+    """
+    handle = client.get_workflow_handle(workflow_id, result_type=S3BatchResult)
+    try:
+        await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(f"no job with ID {workflow_id!r} in namespace {client.namespace!r}") from None
+        raise
+    return handle
+
+
+async def _update(workflow_id: str, name: str, *args: Any) -> Progress:
+    """Send one control update to a running job and return its progress afterwards."""
+    client = await _connect()
+    handle = await _existing(client, workflow_id)
+    try:
+        return await handle.execute_update(name, args=list(args), result_type=Progress)
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        message = cause.message if isinstance(cause, ApplicationError) else str(cause)
+        raise CliError(f"{name} rejected: {message}", EXIT_BAD_INPUT) from None
+    except RPCError as err:
+        if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+            raise CliError(f"job {workflow_id!r} is not running: {err.message}", EXIT_ID_USED) from None
+        raise
+
+
+def _print_control(args: argparse.Namespace, p: Progress, message: str) -> None:
+    if args.json:
+        print_json({"workflow_id": args.workflow_id, "progress": p.model_dump(mode="json")})
+        return
+    out.print(message)
+    out.print(
+        f"  {'paused' if p.paused else 'running'}, at most {p.max_concurrent_files} file(s) at once; "
+        f"{p.files_in_flight} in flight, {p.files_succeeded + p.files_failed} done of {p.files_listed} listed"
+    )
+
+
+async def cmd_pause(args: argparse.Namespace) -> int:
+    p = await _update(args.workflow_id, "pause")
+    _print_control(args, p, f"Paused job [bold]{args.workflow_id}[/]: no new file starts; files in flight finish")
+    return EXIT_OK
+
+
+async def cmd_resume(args: argparse.Namespace) -> int:
+    p = await _update(args.workflow_id, "resume")
+    _print_control(args, p, f"Resumed job [bold]{args.workflow_id}[/]")
+    return EXIT_OK
+
+
+async def cmd_set_concurrency(args: argparse.Namespace) -> int:
+    p = await _update(args.workflow_id, "set_concurrency", args.n)
+    _print_control(args, p, f"Job [bold]{args.workflow_id}[/] now processes at most {args.n} file(s) at once")
+    return EXIT_OK
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    client = await _connect()
+    handle = await _existing(client, args.workflow_id)
+    desc = await handle.describe()
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        # The server accepts a cancel request for a closed workflow and ignores it: say so instead.
+        status = desc.status.name.lower() if desc.status else "closed"
+        raise CliError(f"job {args.workflow_id!r} is not running (it is {status}): nothing to cancel", EXIT_ID_USED)
+    try:
+        await handle.cancel()
+    except RPCError as err:
+        if err.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+            raise CliError(f"job {args.workflow_id!r} is not running: {err.message}", EXIT_ID_USED) from None
+        raise
+    out.print(
+        f"Cancellation requested for job [bold]{args.workflow_id}[/]: files in flight stop at their next "
+        "chunk boundary, then the report is written with them as cancelled"
+    )
+    out.print(f"  report   s3batch report {args.workflow_id}")
+    return EXIT_OK
+
+
+async def job_input(client: Client, workflow_id: str) -> S3BatchInput:
+    """The job's input, from the start event of its first run (every run has the same job)."""
+    desc = await (await _existing(client, workflow_id)).describe()
+    first_run = desc.raw_description.workflow_execution_info.first_run_id or desc.run_id
+    async for event in client.get_workflow_handle(workflow_id, run_id=first_run).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            [value] = await client.data_converter.decode(payloads[:1])
+            return S3BatchInput.model_validate(value)
+    raise CliError(f"the history of job {workflow_id!r} has no start event")
+
+
+async def cmd_report(args: argparse.Namespace) -> int:
+    client = await _connect()
+    job = await job_input(client, args.workflow_id)
+    key = layout.report_key(job.output_prefix)
+    s3 = make_client()
+    try:
+        body = await asyncio.to_thread(lambda: s3.get_object(Bucket=job.output_bucket, Key=key)["Body"].read())
+    except s3.exceptions.NoSuchKey:
+        raise CliError(
+            f"no report at s3://{job.output_bucket}/{key} yet: the report is written when the job ends "
+            f"(see `s3batch status {args.workflow_id}`)"
+        ) from None
+    report = json.loads(body)
+    if args.json:
+        print_json(report)
+        return EXIT_OK
+    colour = {"succeeded": "green", "cancelled": "yellow"}.get(report["status"], "red")
+    out.print(f"[bold]{report['job_id']}[/]: [bold {colour}]{report['status']}[/] ({report['finished_at']})")
+    out.print(f"  {report['source']} -> {report['output']}")
+    for line in totals_lines(Totals.model_validate(report["totals"])):
+        out.print(f"  {line}")
+    table = Table(box=None, padding=(0, 1))
+    table.add_column("file", overflow="fold")
+    table.add_column("status")
+    for column in ("records", "written", "rejected", "attempts"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("error", overflow="fold")
+    style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}
+    for f in report["files"]:
+        table.add_row(
+            f["key"],
+            f"[{style.get(f['status'], 'white')}]{f['status']}[/]",
+            f"{f['records']:,}",
+            f"{f['records_written']:,}",
+            f"{f['rejected']:,}",
+            str(f["attempts"]),
+            f.get("error") or "",
+        )
+    out.print(table)
+    out.print(f"  report   s3://{job.output_bucket}/{key}")
+    return EXIT_OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    client = await _connect()
+    query = f'WorkflowType="{WORKFLOW_TYPE}"'
+    if args.running:
+        query += ' AND ExecutionStatus="Running"'
+    rows = []
+    async for wf in client.list_workflows(query, limit=args.limit):
+        rows.append(
+            {
+                "workflow_id": wf.id,
+                "run_id": wf.run_id,
+                "status": wf.status.name.lower() if wf.status else "unknown",
+                "start_time": wf.start_time.isoformat(),
+                "close_time": wf.close_time.isoformat() if wf.close_time else None,
+                "task_queue": wf.task_queue,
+            }
+        )
+    if args.json:
+        print_json(rows)
+        return EXIT_OK
+    if not rows:
+        out.print("no s3batch jobs")
+        return EXIT_OK
+    table = Table(box=None, padding=(0, 1))
+    for column in ("job ID", "status", "started", "closed", "task queue"):
+        table.add_column(column, no_wrap=column != "job ID", overflow="fold")
+    for r in rows:
+        table.add_row(
+            r["workflow_id"],
+            r["status"],
+            r["start_time"][:19].replace("T", " "),
+            (r["close_time"] or "-")[:19].replace("T", " "),
+            r["task_queue"],
+        )
+    out.print(table)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="s3batch",
@@ -539,6 +729,36 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
+
+    for name, func, help_text in (
+        ("pause", cmd_pause, "start no new file (files in flight finish)"),
+        ("resume", cmd_resume, "start files again after pause"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.set_defaults(func=func)
+
+    conc = commands.add_parser("set-concurrency", help="change how many files a running job processes at once")
+    conc.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+    conc.add_argument("n", metavar="N", type=int, help="files at once, 1 to 1000")
+    conc.add_argument("--json", action="store_true", help="machine-readable output")
+    conc.set_defaults(func=cmd_set_concurrency)
+
+    cancel = commands.add_parser("cancel", help="stop a job gracefully (the report is still written)")
+    cancel.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+    cancel.set_defaults(func=cmd_cancel)
+
+    report = commands.add_parser("report", help="the report of a finished job, as a table")
+    report.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+    report.add_argument("--json", action="store_true", help="the report's JSON as written to S3")
+    report.set_defaults(func=cmd_report)
+
+    listing = commands.add_parser("list", help="running and recent jobs")
+    listing.add_argument("--running", action="store_true", help="running jobs only")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many jobs (default: 50)")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(func=cmd_list)
     return parser
 
 
