@@ -15,7 +15,8 @@ from datetime import timedelta
 
 from temporalio.worker import Worker
 
-from s3batch.config import Settings, connect
+from s3batch import logs
+from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
@@ -28,7 +29,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     settings.import_handler_modules()
     # One S3 client for all activity threads, with a connection per slot.
     plugin = S3BatchPlugin(make_client(max_pool_connections=settings.max_concurrent_files + 4))
-    client = await connect([plugin])
+    runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
+    client = await connect([plugin], runtime)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -44,6 +46,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             client.namespace,
             settings.max_concurrent_files,
         )
+        if settings.metrics_address:
+            log.info("Prometheus metrics at http://%s/metrics", settings.metrics_address)
         await stop.wait()
         log.info("shutting down: in-flight files stop at their next chunk boundary and move on")
     log.info("worker stopped")
@@ -51,10 +55,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     settings = Settings()
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logs.configure(settings.log_level, settings.log_format)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,6 +12,7 @@ import datetime
 import gzip
 import io
 import json
+import time
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -51,6 +52,23 @@ from s3batch.s3io import (
 # Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
 # and checks for cancellation, so a big chunk is never mistaken for a dead worker.
 _SUB_BATCH = 1_000
+
+
+class _Metrics:
+    """The project's own metrics, next to the SDK's (exported by the worker's Prometheus endpoint)."""
+
+    def __init__(self, handler: str) -> None:
+        meter = activity.metric_meter().with_additional_attributes({"handler": handler})
+        self.records = meter.create_counter("s3batch_records_processed", "Records read and handled", "records")
+        self.rejected = meter.create_counter("s3batch_records_rejected", "Records sent to rejects", "records")
+        self.bytes_read = meter.create_counter("s3batch_bytes_read", "Source bytes consumed", "bytes")
+        self.chunks = meter.create_counter("s3batch_chunks_committed", "Parts written with their checkpoint")
+        self.resumes = meter.create_counter("s3batch_resumes", "File attempts that resumed from a checkpoint")
+        self.checkpoint_age = meter.create_histogram_float(
+            "s3batch_checkpoint_age_seconds",
+            "Age of a file's previous checkpoint when the next one is committed",
+            "s",
+        )
 
 
 def _strip_etag(etag: str) -> str:
@@ -221,8 +239,11 @@ class _FileJob:
         self.req = req
         self._heartbeat_hint = heartbeat
         self._extra = () if index is None else (index,)
+        self.metrics = _Metrics(req.handler)
+        self._last_commit = time.monotonic()
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
+        self.log_extra = {"s3_key": req.obj.key}
         self.info = activity.info()
         try:
             self.handler = get_handler(req.handler)
@@ -248,7 +269,7 @@ class _FileJob:
         try:
             cp = Checkpoint.model_validate(self._heartbeat_hint)
         except ValidationError:
-            activity.logger.warning("ignoring unreadable heartbeat details of %s", self.where)
+            activity.logger.warning("ignoring unreadable heartbeat details of %s", self.where, extra=self.log_extra)
             return None
         if cp.etag != self.obj.etag or cp.fingerprint != self.fingerprint:
             return None
@@ -330,7 +351,9 @@ class _FileJob:
                 self.s3.delete_objects(Bucket=self.req.output_bucket, Delete={"Objects": stale[start : start + 1000]})
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "deleting stale output under", self.req.output_bucket, prefix)
-        activity.logger.info("removed %d stale output objects of %s from chunk %d", len(stale), self.where, chunk)
+        activity.logger.info(
+            "removed %d stale output objects of %s from chunk %d", len(stale), self.where, chunk, extra=self.log_extra
+        )
 
     # ---------------------------------------------------------------- processing
 
@@ -338,9 +361,20 @@ class _FileJob:
         cp = self._resume_point()
         resumed_from = cp.next_record
         if resumed_from:
-            activity.logger.info("resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk)
+            self.metrics.resumes.add(1)
+            activity.logger.info(
+                "resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk, extra=self.log_extra
+            )
         if not cp.done:
             cp = self._process_from(cp)
+        activity.logger.info(
+            "finished %s: %d records written, %d rejected, %d chunks",
+            self.where,
+            cp.records_written,
+            cp.rejected,
+            cp.chunk,
+            extra=self.log_extra,
+        )
         return FileResult(
             key=self.obj.key,
             etag=self.obj.etag,
@@ -490,6 +524,16 @@ class _FileJob:
                 non_retryable=True,
             ) from None
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
+        now = time.monotonic()
+        metrics = self.metrics
+        metrics.records.add(taken)
+        if rejects:
+            metrics.rejected.add(len(rejects))
+        if new.byte_offset is not None and cp.byte_offset is not None:
+            metrics.bytes_read.add(new.byte_offset - cp.byte_offset)
+        metrics.chunks.add(1)
+        metrics.checkpoint_age.record(now - self._last_commit)
+        self._last_commit = now
         return new
 
     def _put(self, key: str, body: bytes, cp: Checkpoint) -> None:
@@ -512,7 +556,9 @@ class _FileJob:
         """At a chunk boundary: hand the file over when the worker is shutting down."""
         if activity.is_worker_shutdown():
             self._beat(cp)
-            activity.logger.info("worker shutting down: %s stops at record %d", self.where, cp.next_record)
+            activity.logger.info(
+                "worker shutting down: %s stops at record %d", self.where, cp.next_record, extra=self.log_extra
+            )
             raise ApplicationError(
                 f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}",
                 type=WORKER_SHUTDOWN,

@@ -9,12 +9,13 @@ boto3's own chain. Only s3batch's own knobs are ``S3BATCH_*`` variables.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from s3batch import TASK_QUEUE
 
@@ -32,6 +33,10 @@ class Settings(BaseSettings):
     handler_modules: str = ""
     """Comma-separated modules to import at start-up; they register handlers with decorators."""
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per line, with the job ID, activity, attempt and file key."""
+    metrics_address: str = ""
+    """``host:port`` of the Prometheus ``/metrics`` endpoint (SDK and s3batch metrics); empty: off."""
     ui_url: str = ""
     """Base URL of the Temporal Web UI, for links (default: derived from TEMPORAL_ADDRESS)."""
 
@@ -47,9 +52,16 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
-async def connect(plugins: list[Any]) -> Client:
+async def connect(plugins: list[Any], runtime: Runtime | None = None) -> Client:
     config = connect_config()
-    return await Client.connect(**config, plugins=plugins)
+    return await Client.connect(**config, plugins=plugins, runtime=runtime)
+
+
+def metrics_runtime(address: str) -> Runtime:
+    """A Temporal runtime exporting Prometheus metrics at ``http://{address}/metrics``."""
+    return Runtime(
+        telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address, durations_as_seconds=True))
+    )
 
 
 def ui_base(settings: Settings) -> str:

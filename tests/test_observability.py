@@ -1,0 +1,67 @@
+"""The worker's Prometheus endpoint and structured logs, from a real worker process."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from s3batch.devstack import SECRET_KEY, free_port_block
+from s3batch.models import S3BatchInput
+from tests.procs import WorkerProcess
+from workflows.batch import S3BatchWorkflow
+
+MARKER = "Zq9-record-content-marker"
+
+
+def metric_values(text: str, name: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+
+
+async def test_metrics_and_json_logs(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    src, out = buckets
+    rows = [f'{{"id": {i}, "note": "{MARKER}"}}' for i in range(2_500)] + ["{broken " + MARKER]
+    s3.put_object(Bucket=src, Key="logs/a.jsonl", Body=("\n".join(rows) + "\n").encode())
+    port = free_port_block([0])
+    worker = WorkerProcess(
+        task_queue,
+        tmp_path,
+        "metrics",
+        S3BATCH_METRICS_ADDRESS=f"127.0.0.1:{port}",
+        S3BATCH_LOG_FORMAT="json",
+    )
+    try:
+        worker.wait_ready()
+        job_id = f"obs-{uuid.uuid4().hex[:8]}"
+        await client.execute_workflow(
+            S3BatchWorkflow.run,
+            S3BatchInput(bucket=src, prefix="logs/", output_bucket=out, chunk_records=1_000),
+            id=job_id,
+            task_queue=task_queue,
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        worker.terminate()
+
+    assert sum(metric_values(text, "s3batch_records_processed")) == 2_501
+    assert sum(metric_values(text, "s3batch_records_rejected")) == 1
+    assert sum(metric_values(text, "s3batch_chunks_committed")) == 3
+    assert sum(metric_values(text, "s3batch_bytes_read")) > 0
+    assert "s3batch_checkpoint_age_seconds" in text
+    assert "temporal_activity_execution_latency" in text  # the SDK's own metrics, same endpoint
+
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    finished = [entry for entry in lines if entry["message"].startswith("finished s3://")]
+    assert finished, worker.log()
+    assert finished[0]["job_id"] == job_id
+    assert finished[0]["key"] == "logs/a.jsonl"
+    assert finished[0]["attempt"] == 1
+    assert MARKER not in worker.log()
+    assert SECRET_KEY not in worker.log()
