@@ -20,17 +20,21 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkerConfig
 
 from activities.s3_activities import S3Activities
+from s3batch.codec import EncryptionCodec, key_from_env
 from s3batch.s3io import S3Client, make_client
 from workflows.batch import S3BatchWorkflow
 
 _DEFAULT_ACTIVITY_SLOTS = 100  # the SDK's default max_concurrent_activities
 
 
-def _with_pydantic(existing: DataConverter | None) -> DataConverter:
-    # Keep whatever codec or failure converter the user configured; only swap the payload converter.
-    if existing is None:
-        return pydantic_data_converter
-    return dataclasses.replace(existing, payload_converter_class=pydantic_data_converter.payload_converter_class)
+def _converter(existing: DataConverter | None, codec: EncryptionCodec | None) -> DataConverter:
+    # Keep whatever failure converter the user configured; swap in the pydantic payload converter
+    # and, when a key is given, the encryption codec.
+    base = existing or pydantic_data_converter
+    changes: dict[str, Any] = {"payload_converter_class": pydantic_data_converter.payload_converter_class}
+    if codec is not None:
+        changes["payload_codec"] = codec
+    return dataclasses.replace(base, **changes)
 
 
 class S3BatchPlugin(SimplePlugin):
@@ -39,14 +43,19 @@ class S3BatchPlugin(SimplePlugin):
     Args:
         s3: The boto3 S3 client the activities use; by default one is built from the environment
             (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``, credentials) when a worker is configured.
+        encryption_key: 32-byte AES key: every payload is encrypted before it reaches Temporal
+            (see ``s3batch.codec``). Defaults to ``S3BATCH_ENCRYPTION_KEY`` when set; ``b""`` turns
+            encryption off whatever the environment says.
     """
 
-    def __init__(self, s3: S3Client | None = None) -> None:
+    def __init__(self, s3: S3Client | None = None, *, encryption_key: bytes | None = None) -> None:
         self._s3 = s3
         self._activities: S3Activities | None = None
+        key = key_from_env() if encryption_key is None else encryption_key
+        codec = EncryptionCodec(key) if key else None
         super().__init__(
             "s3batch",
-            data_converter=_with_pydantic,
+            data_converter=lambda existing: _converter(existing, codec),
             workflows=[S3BatchWorkflow],
             activities=self._add_activities,
         )
