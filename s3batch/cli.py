@@ -58,6 +58,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlrea
 from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import WORKFLOW_TYPE, layout
+from s3batch import search_attributes as sa
 from s3batch.config import Settings, connect, connect_config, ui_base
 from s3batch.models import (
     Checkpoint,
@@ -464,8 +465,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
     settings = Settings()
     workflow_id = args.id or f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
     client = await _connect()
-    try:
-        handle = await client.start_workflow(
+
+    async def start(indexed: bool) -> WorkflowHandle[Any, S3BatchResult]:
+        return await client.start_workflow(
             WORKFLOW_TYPE,
             job,
             id=workflow_id,
@@ -474,7 +476,17 @@ async def cmd_start(args: argparse.Namespace) -> int:
             # A running job with this ID is followed, not started again; a finished one is not rerun.
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            search_attributes=sa.at_start(job.bucket, job.prefix) if indexed else None,
         )
+
+    try:
+        try:
+            handle = await start(indexed=True)
+        except RPCError as err:
+            # The namespace lacks the s3batch search attributes: the job runs unindexed.
+            if err.status != RPCStatusCode.INVALID_ARGUMENT or sa.SOURCE.name not in err.message:
+                raise
+            handle = await start(indexed=False)
     except WorkflowAlreadyStartedError as err:
         raise CliError(
             f"job {workflow_id!r} already ran (run {err.run_id}) and is finished; an ID is never reused, so "
@@ -685,6 +697,10 @@ async def cmd_list(args: argparse.Namespace) -> int:
                 "start_time": wf.start_time.isoformat(),
                 "close_time": wf.close_time.isoformat() if wf.close_time else None,
                 "task_queue": wf.task_queue,
+                "source": wf.typed_search_attributes.get(sa.SOURCE),
+                "search_status": wf.typed_search_attributes.get(sa.STATUS),
+                "files_done": wf.typed_search_attributes.get(sa.FILES_DONE),
+                "files_failed": wf.typed_search_attributes.get(sa.FILES_FAILED),
             }
         )
     if args.json:
@@ -694,12 +710,15 @@ async def cmd_list(args: argparse.Namespace) -> int:
         out.print("no s3batch jobs")
         return EXIT_OK
     table = Table(box=None, padding=(0, 1))
-    for column in ("job ID", "status", "started", "closed", "task queue"):
-        table.add_column(column, no_wrap=column != "job ID", overflow="fold")
+    for column in ("job ID", "status", "source", "files done", "failed", "started", "closed", "task queue"):
+        table.add_column(column, no_wrap=column not in ("job ID", "source"), overflow="fold")
     for r in rows:
         table.add_row(
             r["workflow_id"],
-            r["status"],
+            r["status"] if r["status"] != "running" or not r["search_status"] else f"running ({r['search_status']})",
+            f"s3://{r['source']}" if r["source"] else "-",
+            "-" if r["files_done"] is None else str(r["files_done"]),
+            "-" if r["files_failed"] is None else str(r["files_failed"]),
             r["start_time"][:19].replace("T", " "),
             (r["close_time"] or "-")[:19].replace("T", " "),
             r["task_queue"],

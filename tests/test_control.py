@@ -253,3 +253,29 @@ async def test_s3batch_cancel_then_report_lists_cancelled_files(
     assert "in/01.csv" not in human.stdout  # never started: absent
     again = await run("s3batch", "cancel", handle.id)
     assert again.code == 3 and "not running" in again.stderr, again
+
+
+async def test_search_attributes_index_jobs_started_by_s3batch(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    from s3batch import search_attributes as sa
+
+    src, out = buckets
+    upload(s3, src, 2, 200)
+    unindexed = await run("s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out,
+                          "--output-prefix", "u/", "--task-queue", task_queue, "--wait")
+    assert unindexed.code == 0, unindexed  # registered or not, the job runs
+
+    assert await sa.ensure_registered(client)
+    wid = f"ctl-sa-{uuid.uuid4().hex[:8]}"
+    r = await run("s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out,
+                  "--output-prefix", "o/", "--task-queue", task_queue, "--id", wid, "--wait")
+    assert r.code == 0, r
+    query = f'S3BatchSource="{src}/in/" AND S3BatchStatus="succeeded" AND S3BatchFilesDone=2'
+    deadline = time.monotonic() + 30
+    while not [wf async for wf in client.list_workflows(query) if wf.id == wid]:
+        assert time.monotonic() < deadline, "job not found by its search attributes"
+        await asyncio.sleep(0.5)
+    listed = await run("s3batch", "list")
+    [row] = [line for line in listed.stdout.splitlines() if wid in line]
+    assert f"s3://{src}/in/" in row and "completed" in row

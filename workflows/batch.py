@@ -32,6 +32,7 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from activities.s3_activities import S3Activities
     from s3batch import layout
+    from s3batch import search_attributes as sa
     from s3batch.models import (
         FileResult,
         FinalReportInput,
@@ -91,6 +92,8 @@ class S3BatchWorkflow:
         self._wake = 0
         """Bumped by every control update, to wake the scheduling loop."""
         self._cancelling = False
+        self._indexed: tuple[str, int, int] | None = None
+        """Search attribute values last upserted (status, files done, files failed)."""
         self._in_flight: dict[str, ObjectRef] = {}
         self._results: list[FileResult] = []
         self._finished = 0
@@ -402,10 +405,31 @@ class S3BatchWorkflow:
         self._update_details()
         return self.progress()
 
+    def _upsert_search_attributes(self, final: str | None) -> None:
+        # Only in runs started with S3BatchSource: the server accepted it, so the attributes are
+        # registered. Upserting unregistered ones would fail the workflow task and hang the job.
+        if workflow.info().typed_search_attributes.get(sa.SOURCE) is None:
+            return
+        t = self._state.totals
+        if final:
+            status = final
+        elif self._cancelling:
+            status = "cancelling"
+        else:
+            status = "paused" if self._state.paused else "processing"
+        values = (status, t.files_succeeded + t.files_failed, t.files_failed)
+        if values == self._indexed:
+            return
+        self._indexed = values
+        workflow.upsert_search_attributes(
+            [sa.STATUS.value_set(status), sa.FILES_DONE.value_set(values[1]), sa.FILES_FAILED.value_set(values[2])]
+        )
+
     def _update_details(self, final: str | None = None) -> None:
         t = self._state.totals
         spec = getattr(self, "_job", None)
         head = f"s3://{spec.bucket}/{spec.prefix} -> s3://{spec.output_bucket}/{spec.output_prefix}" if spec else ""
+        self._upsert_search_attributes(final)
         if final:
             state = final
         elif self._cancelling:
