@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install test lint demo stack-up stack-down bench clean
+.PHONY: install test lint demo stack-up stack-down bench clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,9 +19,18 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 # The test suite starts its own Temporal dev server and SeaweedFS on free loopback ports.
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Debian's Chromium for the Web UI test (Playwright drives it; no browser download). Installed
+# where apt-get can (root); elsewhere the Web UI test is skipped with a message.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "chromium could not be installed: the Web UI test will be skipped"; \
+	  else echo "chromium not installed (needs root and apt-get): the Web UI test will be skipped"; fi; }
 
 stack-up: $(STAMP)
 	$(BIN)/s3batch-stack up

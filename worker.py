@@ -20,6 +20,7 @@ from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
+from s3batch.search_attributes import ensure_registered
 
 log = logging.getLogger("s3batch.worker")
 
@@ -31,6 +32,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     plugin = S3BatchPlugin(make_client(max_pool_connections=settings.max_concurrent_files + 4))
     runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
     client = await connect([plugin], runtime)
+    # Where the server allows it, register s3batch's search attributes so jobs can be filtered in
+    # the Web UI; the workflow upserts them only when they exist.
+    plugin.s3_activities.search_attributes_registered = await ensure_registered(client)
     worker = Worker(
         client,
         task_queue=settings.task_queue,

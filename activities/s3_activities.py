@@ -29,6 +29,7 @@ from s3batch.models import (
     Checkpoint,
     FileResult,
     FinalReportInput,
+    JobCheck,
     ListObjectsInput,
     ListObjectsResult,
     ObjectRef,
@@ -84,11 +85,13 @@ class S3Activities:
 
     def __init__(self, s3: S3Client) -> None:
         self.s3 = s3
+        self.search_attributes_registered = False
+        """Set by the worker once s3batch's search attributes are known to exist."""
 
     # ------------------------------------------------------------------ job checks and listing
 
     @activity.defn(name="s3batch.check_job")
-    def check_job(self, job: S3BatchInput) -> None:
+    def check_job(self, job: S3BatchInput) -> JobCheck:
         """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
         missing or unreadable buckets."""
         try:
@@ -103,6 +106,7 @@ class S3Activities:
             self.s3.head_bucket(Bucket=job.output_bucket)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
+        return JobCheck(search_attributes=self.search_attributes_registered)
 
     @activity.defn(name="s3batch.list_objects")
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:

@@ -113,6 +113,8 @@ class Totals(_Model):
 class JobState(_Model):
     """Workflow state handed from one run to the next by continue-as-new. Small by design."""
 
+    indexed: bool = False
+    """s3batch's search attributes exist in the namespace (learnt by the first run's check)."""
     run: int = 0
     continuation_token: str | None = None
     listing_done: bool = False
@@ -129,6 +131,13 @@ class JobState(_Model):
     """Set by the ``pause`` update: no new file starts until ``resume``."""
     max_concurrent_files: int | None = Field(None, ge=1, le=1_000)
     """Set by the ``set_concurrency`` update; overrides the input's ``max_concurrent_files``."""
+
+
+class JobCheck(_Model):
+    """Result of the job's pre-flight check."""
+
+    search_attributes: bool = False
+    """The worker registered (or found) s3batch's search attributes: the workflow may upsert them."""
 
 
 class ListObjectsInput(_Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 import uuid
@@ -65,3 +66,30 @@ async def test_metrics_and_json_logs(
     assert finished[0]["attempt"] == 1
     assert MARKER not in worker.log()
     assert SECRET_KEY not in worker.log()
+
+
+async def test_jobs_started_without_search_attributes_are_indexed_by_a_registering_worker(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="sa/a.jsonl", Body=b'{"a": 1}\n')
+    worker = WorkerProcess(task_queue, tmp_path, "sa")  # worker.py registers the attributes at start
+    try:
+        worker.wait_ready()
+        job_id = f"sa-{uuid.uuid4().hex[:8]}"
+        # Started like `temporal workflow start` would: plain JSON, no search attributes.
+        await client.execute_workflow(
+            "S3BatchWorkflow",
+            {"bucket": src, "prefix": "sa/", "output_bucket": out},
+            id=job_id,
+            task_queue=task_queue,
+        )
+    finally:
+        worker.terminate()
+    query = f'S3BatchSource="{src}/sa/" AND S3BatchStatus="succeeded" AND S3BatchFilesDone=1'
+    for _ in range(100):  # visibility is eventually consistent
+        found = [w.id async for w in client.list_workflows(query)]
+        if found:
+            break
+        await asyncio.sleep(0.1)
+    assert found == [job_id]

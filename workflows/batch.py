@@ -121,7 +121,8 @@ class S3BatchWorkflow:
         st = self._state
         self._update_details()
         if st.run == 0:
-            await workflow.execute_activity_method(S3Activities.check_job, spec, **_SHORT_ACTIVITY)
+            check = await workflow.execute_activity_method(S3Activities.check_job, spec, **_SHORT_ACTIVITY)
+            st.indexed = check.search_attributes or workflow.info().typed_search_attributes.get(sa.SOURCE) is not None
 
         started_this_run = 0
         while True:
@@ -143,6 +144,7 @@ class S3BatchWorkflow:
                 task.add_done_callback(self._tasks.discard)
             if not self._active and not st.paused:
                 break
+            self._update_details()  # files just started count as in flight
             finished, wake = self._finished, self._wake
             await workflow.wait_condition(
                 lambda finished=finished, wake=wake: self._finished != finished or self._wake != wake
@@ -406,9 +408,10 @@ class S3BatchWorkflow:
         return self.progress()
 
     def _upsert_search_attributes(self, final: str | None) -> None:
-        # Only in runs started with S3BatchSource: the server accepted it, so the attributes are
-        # registered. Upserting unregistered ones would fail the workflow task and hang the job.
-        if workflow.info().typed_search_attributes.get(sa.SOURCE) is None:
+        # Only once the attributes are known to exist (the worker registered them, or the run was
+        # started with S3BatchSource): upserting unregistered ones would fail the workflow task
+        # and hang the job.
+        if not self._state.indexed:
             return
         t = self._state.totals
         if final:
@@ -420,10 +423,15 @@ class S3BatchWorkflow:
         values = (status, t.files_succeeded + t.files_failed, t.files_failed)
         if values == self._indexed:
             return
+        updates = [
+            sa.STATUS.value_set(status),
+            sa.FILES_DONE.value_set(values[1]),
+            sa.FILES_FAILED.value_set(values[2]),
+        ]
+        if self._indexed is None and workflow.info().typed_search_attributes.get(sa.SOURCE) is None:
+            updates.append(sa.SOURCE.value_set(sa.source_value(self._job.bucket, self._job.prefix)))
         self._indexed = values
-        workflow.upsert_search_attributes(
-            [sa.STATUS.value_set(status), sa.FILES_DONE.value_set(values[1]), sa.FILES_FAILED.value_set(values[2])]
-        )
+        workflow.upsert_search_attributes(updates)
 
     def _update_details(self, final: str | None = None) -> None:
         t = self._state.totals
