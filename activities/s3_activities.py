@@ -41,6 +41,7 @@ from s3batch.models import (
 from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
 from s3batch.s3io import (
     BAD_FILE,
+    INVALID_INPUT,
     NON_RETRYABLE_TYPES,
     UNKNOWN_HANDLER,
     WORKER_SHUTDOWN,
@@ -106,11 +107,15 @@ class S3Activities:
             self.s3.head_bucket(Bucket=job.output_bucket)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
+        if job.only_failed_of:
+            self._read_report(job.only_failed_of)
         return JobCheck(search_attributes=self.search_attributes_registered)
 
     @activity.defn(name="s3batch.list_objects")
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
+        if req.report:
+            return self._list_failed(req)
         kwargs: dict[str, Any] = {"Bucket": req.bucket, "Prefix": req.prefix, "MaxKeys": req.page_size}
         if req.continuation_token:
             kwargs["ContinuationToken"] = req.continuation_token
@@ -125,6 +130,44 @@ class S3Activities:
         ]
         token = response.get("NextContinuationToken") if response.get("IsTruncated") else None
         return ListObjectsResult(objects=objects, next_token=token)
+
+    def _read_report(self, uri: str) -> dict[str, Any]:
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        try:
+            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "reading the job report to redrive", bucket, key)
+        try:
+            report = json.loads(body)
+        except ValueError:
+            report = None
+        if not isinstance(report, dict) or not isinstance(report.get("files"), list):
+            raise ApplicationError(
+                f"{uri} is not an s3batch job report (no 'files' list)", type=INVALID_INPUT, non_retryable=True
+            )
+        return report
+
+    def _list_failed(self, req: ListObjectsInput) -> ListObjectsResult:
+        """A page of the files that failed in an earlier job, pinned to their current version."""
+        assert req.report is not None
+        keys = [
+            f["key"]
+            for f in self._read_report(req.report)["files"]
+            if f.get("status") in ("failed", "cancelled") and f["key"].startswith(req.prefix)
+        ]
+        start = int(req.continuation_token or 0)
+        objects = []
+        for key in keys[start : start + req.page_size]:
+            try:
+                head = self.s3.head_object(Bucket=req.bucket, Key=key)
+                objects.append(ObjectRef(key=key, etag=_strip_etag(head["ETag"]), size=head["ContentLength"]))
+            except ClientError as err:
+                if error_code(err) not in {"404", "NoSuchKey", "NotFound"}:
+                    raise_s3_error(err, "reading", req.bucket, key)
+                # Gone since: the file activity reports it as NotFound, like any deleted source.
+                objects.append(ObjectRef(key=key, etag="deleted", size=0))
+        end = start + req.page_size
+        return ListObjectsResult(objects=objects, next_token=str(end) if end < len(keys) else None)
 
     # ------------------------------------------------------------------ one file
 

@@ -70,6 +70,9 @@ class S3BatchInput(_Model):
     """Small objects are processed several per activity, up to this many (1 disables grouping)."""
     group_max_bytes: int = Field(4 * 1024 * 1024, ge=0)
     """Objects smaller than this are grouped, up to this many bytes per group (0 disables grouping)."""
+    only_failed_of: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
+    """Redrive: ``s3://bucket/key`` of an earlier job's report; only the files that failed (or
+    were cancelled) there and lie under ``prefix`` are processed, at their current version."""
 
     @model_validator(mode="after")
     def _output_outside_source(self) -> S3BatchInput:
@@ -144,6 +147,8 @@ class ListObjectsInput(_Model):
     bucket: str
     prefix: str
     continuation_token: str | None = None
+    report: str | None = None
+    """List the failed files of this report (``s3://bucket/key``) instead of the bucket."""
     page_size: int = Field(500, ge=1, le=1_000)
 
 

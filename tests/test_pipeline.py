@@ -121,3 +121,42 @@ async def test_small_files_are_grouped_and_a_bad_one_fails_alone(
     failed = [f for f in report["files"] if f["status"] == "failed"]
     assert [f["key"] for f in failed] == ["small/13.txt"]
     assert failed[0]["error"].startswith("BadFile: cannot tell the format of 'small/13.txt'")
+
+
+async def test_redrive_processes_only_the_failed_files_and_resumes_their_parts(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    src, out = buckets
+    good = "".join(json.dumps({"n": i}) + "\n" for i in range(30))
+    for name in ("a", "b", "c"):
+        s3.put_object(Bucket=src, Key=f"rd/{name}.jsonl", Body=good.encode())
+    s3.put_object(Bucket=src, Key="rd/d.data", Body=good.encode())  # unknown extension: fails
+    job = S3BatchInput(bucket=src, prefix="rd/", output_bucket=out, output_prefix="o/", max_failed_files=1)
+    first = await run_job(client, task_queue, job)
+    assert (first.totals.files_succeeded, first.totals.files_failed) == (3, 1)
+
+    # The operator fixes the file, then redrives: only d is processed, into the same layout.
+    s3.copy_object(Bucket=src, Key="rd/d.jsonl", CopySource={"Bucket": src, "Key": "rd/d.data"})
+    s3.put_object(Bucket=src, Key="rd/d.data", Body=good.encode())
+    redrive = job.model_copy(update={"output_prefix": "o/", "only_failed_of": f"s3://{out}/o/_report.json",
+                                     "format": "jsonl", "max_failed_files": 0})
+    second = await run_job(client, task_queue, redrive)
+    assert second.totals.files_listed == 1
+    assert second.totals.records_written == 30
+    report = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
+    assert [f["key"] for f in report["files"]] == ["rd/d.data"]
+    assert len(read_jsonl(s3, out, "o/rd/d.data/")) == 30
+
+
+async def test_redrive_of_a_missing_report_fails_before_any_file(
+    client: Client, worker: Worker, task_queue: str, buckets
+):
+    src, out = buckets
+    job = S3BatchInput(bucket=src, output_bucket=out, output_prefix="o/", only_failed_of=f"s3://{out}/nope/_report.json")
+    try:
+        await run_job(client, task_queue, job)
+    except WorkflowFailureError as err:
+        assert err.cause.cause.type == "NotFound"
+        assert f"s3://{out}/nope/_report.json" in err.cause.cause.message
+    else:
+        raise AssertionError("expected a failure")

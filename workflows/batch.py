@@ -187,6 +187,7 @@ class S3BatchWorkflow:
                 prefix=spec.prefix,
                 continuation_token=st.continuation_token,
                 page_size=LIST_PAGE_SIZE,
+                report=spec.only_failed_of,
             ),
             **_SHORT_ACTIVITY,
         )
