@@ -1,0 +1,53 @@
+"""The benchmark script still runs: a ``--quick`` run of a few cases produces a well-formed table and
+JSON. Timing is never asserted (the figures of a quick run mean nothing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_COLUMNS = ["case", "metric", "s3batch", "baseline", "ratio", "target", "verdict"]
+
+
+def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    # Cases 1, 3 and 7 cover the plain baselines, an s3batch job on a worker process, the history
+    # walk and the JSON; the crash and two-worker cases start many processes and take too long here.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--cases", "1,3,7",
+         "--json", str(out), "--root", str(tmp_path / "bench")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header == _COLUMNS
+    body = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert {row[0][0] for row in body} == {"1", "3", "7"}
+    assert all(len(row) == len(_COLUMNS) and row[2] for row in body)
+
+    data = json.loads(out.read_text())
+    assert data["quick"] is True
+    assert data["cases"] == [1, 3, 7]
+    assert data["machine"]["cpu_count"] >= 1
+    assert data["machine"]["packages"]["temporalio"]
+    assert [list(row) for row in data["table"]] == [_COLUMNS] * len(data["table"])
+    assert len(data["table"]) == len(body)
+    results = data["results"]
+    assert set(results) == {"1_big_file", "3_small_files", "7_history"}
+    big = results["1_big_file"]
+    assert big["plain_rows_per_s"] > 0 and big["s3batch_rows_per_s"] > 0 and big["ratio"] > 0
+    assert results["3_small_files"]["files"] == data["sizes"]["small_files"]
+    history = results["7_history"]
+    assert history["files"] == data["sizes"]["history_files"]
+    assert history["largest_run_events"] > 0 and history["largest_run_bytes"] > 0
+    for case in results.values():
+        assert {"wall_s", "cores_busy_others"} <= set(case["load"])
