@@ -24,7 +24,7 @@ ParsedFormat = Literal["csv", "jsonl"]
 # auto-detecting ``.tsv`` as CSV would silently parse tab-separated rows as one-column records.
 _CSV_EXTENSIONS = (".csv",)
 _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
-_BOM = "\ufeff"
+_BOM_BYTES = b"\xef\xbb\xbf"
 
 
 class Record(NamedTuple):
@@ -93,44 +93,61 @@ class _LineSource:
         self.bad_lines: dict[int, str] = {}
         """Line number -> problem, for lines that are too long or not UTF-8."""
 
-    def raw_lines(self) -> Iterator[bytes]:
+    def iter_lines(self, *, decode: bool, strip_bom: bool) -> Iterator[Any]:
+        """The lines of the stream: ``str`` when ``decode`` (invalid UTF-8 is flagged and replaced),
+        else ``bytes``. One generator on the hot path: every line goes through it."""
         readline = self.stream.readline
+        max_bytes = self.max_line_bytes
         # Room for the longest accepted content plus a CRLF terminator.
-        limit = self.max_line_bytes + 2
-        quote = self.quote
+        limit = max_bytes + 2
+        bom = _BOM_BYTES if strip_bom else None
         while True:
             raw = readline(limit)
             if not raw:
                 return
             self.lines += 1
-            if raw.endswith(b"\n"):
-                content = len(raw) - (2 if raw.endswith(b"\r\n") else 1)
-            elif len(raw) == limit:
-                content = limit  # and more to come: longer than the limit in any case
-            else:
-                content = len(raw)  # the last line, without a terminator
-            if content <= self.max_line_bytes:
-                self.offset += len(raw)
+            if len(raw) > max_bytes and self._too_long(raw, limit):
+                # The stand-in is plain ASCII; the original line is gone.
+                stand_in = self._skip_rest(raw)
+                yield stand_in.decode() if decode else stand_in
+                continue
+            self.offset += len(raw)
+            if bom is not None:
+                if raw.startswith(bom):
+                    raw = raw[3:]
+                bom = None
+            if not decode:
                 yield raw
                 continue
-            size = len(raw)
-            quotes = raw.count(quote) if quote else 0
-            while raw and not raw.endswith(b"\n"):
-                raw = readline(1024 * 1024)
-                size += len(raw)
-                if quote:
-                    quotes += raw.count(quote)
-            self.offset += size
-            self.bad_lines[self.lines] = f"line is longer than max_record_bytes ({self.max_line_bytes} bytes)"
-            yield (quote or b"") + b"\n" if quotes % 2 else b"\n"
-
-    def text_lines(self) -> Iterator[str]:
-        for raw in self.raw_lines():
             try:
                 yield raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 self.bad_lines[self.lines] = f"invalid UTF-8 at byte {err.start} of the line"
                 yield raw.decode("utf-8", "replace")
+
+    def _too_long(self, raw: bytes, limit: int) -> bool:
+        if raw.endswith(b"\n"):
+            content = len(raw) - (2 if raw.endswith(b"\r\n") else 1)
+        elif len(raw) == limit:
+            content = limit  # and more to come: longer than the limit in any case
+        else:
+            content = len(raw)  # the last line, without a terminator
+        return content > self.max_line_bytes
+
+    def _skip_rest(self, raw: bytes) -> bytes:
+        """Discard the rest of an over-long line; return its stand-in and flag the line."""
+        readline = self.stream.readline
+        quote = self.quote
+        size = len(raw)
+        quotes = raw.count(quote) if quote else 0
+        while raw and not raw.endswith(b"\n"):
+            raw = readline(1024 * 1024)
+            size += len(raw)
+            if quote:
+                quotes += raw.count(quote)
+        self.offset += size
+        self.bad_lines[self.lines] = f"line is longer than max_record_bytes ({self.max_line_bytes} bytes)"
+        return (quote or b"") + b"\n" if quotes % 2 else b"\n"
 
 
 class CsvParser:
@@ -178,9 +195,7 @@ class CsvParser:
         return self._src.lines + 1
 
     def _reader(self) -> Iterator[list[str]]:
-        texts = self._src.text_lines()
-        if self._src.offset == 0:
-            texts = _strip_bom(texts)
+        texts = self._src.iter_lines(decode=True, strip_bom=self._src.offset == 0)
         return csv.reader(texts, delimiter=self._delimiter, strict=True)
 
     def _read_header(self, reader: Iterator[list[str]]) -> list[str] | None:
@@ -277,12 +292,7 @@ class JsonlParser:
         src = self._src
         loads = orjson.loads
         bad = src.bad_lines
-        first = src.offset == 0
-        for raw in src.raw_lines():
-            if first:
-                first = False
-                if raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
+        for raw in src.iter_lines(decode=False, strip_bom=src.offset == 0):
             if bad and src.lines in bad:
                 yield Record(src.lines, None, bad.pop(src.lines))
                 continue
@@ -322,10 +332,3 @@ def read_csv_header(stream: IO[bytes], max_line_bytes: int = 8 * 1024 * 1024) ->
     """
     parser = CsvParser(stream, max_line_bytes=max_line_bytes)
     return parser._read_header(parser._reader())
-
-
-def _strip_bom(lines: Iterator[str]) -> Iterator[str]:
-    for first in lines:
-        yield first[1:] if first.startswith(_BOM) else first
-        break
-    yield from lines
