@@ -490,7 +490,7 @@ class _FileJob:
                 # Cancellation is delivered at the end of this block: after the part is written and
                 # checkpointed, never in the middle of a chunk's PUT.
                 with activity.shield_thread_cancel_exception():
-                    output: list[Any] = []
+                    output: list[bytes] = []
                     rejects: list[Reject] = []
                     taken = 0
                     while taken < req.chunk_records:
@@ -511,7 +511,8 @@ class _FileJob:
                 if done:
                     return cp
 
-    def _handle(self, handler: Any, batch: list[Record], output: list[Any], rejects: list[Reject]) -> None:
+    def _handle(self, handler: Any, batch: list[Record], output: list[bytes], rejects: list[Reject]) -> None:
+        """Run the handler on the parsed records of ``batch``; append JSON-encoded outputs and rejects."""
         good = batch
         if any(r.error is not None for r in batch):
             good = []
@@ -530,14 +531,25 @@ class _FileJob:
                 f"{type(err).__name__}: {err}",
                 type="HandlerError",
             ) from err
-        output.extend(result.output)
+        if result.encoded:
+            output.extend(result.output)
+        else:
+            try:
+                output.extend(map(orjson.dumps, result.output))
+            except TypeError as err:
+                raise ApplicationError(
+                    f"handler {self.req.handler!r} returned a value that is not JSON-serialisable for "
+                    f"{self.where}: {err}",
+                    type=BAD_FILE,
+                    non_retryable=True,
+                ) from None
         rejects.extend(result.rejects)
 
     def _commit(
         self,
         cp: Checkpoint,
         taken: int,
-        output: list[Any],
+        output: list[bytes],
         rejects: list[Reject],
         end_offset: int | None,
         end_line: int,
@@ -562,14 +574,7 @@ class _FileJob:
                 orjson.dumps({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
             )
             self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
-        try:
-            body = b"\n".join(map(orjson.dumps, output)) + b"\n" if output else b""
-        except TypeError as err:
-            raise ApplicationError(
-                f"handler {req.handler!r} returned a value that is not JSON-serialisable for {self.where}: {err}",
-                type=BAD_FILE,
-                non_retryable=True,
-            ) from None
+        body = b"\n".join(output) + b"\n" if output else b""
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         now = time.monotonic()
         metrics = self.metrics

@@ -41,7 +41,11 @@ class Reject(NamedTuple):
 
 class HandlerResult(NamedTuple):
     output: list[Any]
+    """Output records: JSON-serialisable values, or JSON documents as ``bytes`` when ``encoded``."""
     rejects: list[Reject]
+    encoded: bool = False
+    """The outputs are already JSON-encoded (saves a decode/encode round trip, e.g. with pydantic's
+    ``__pydantic_serializer__.to_json``)."""
 
 
 ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
@@ -139,12 +143,13 @@ class Customer(BaseModel):
 
 
 _validate_customer = Customer.model_validate
+_customer_json = Customer.__pydantic_serializer__.to_json
 
 
 @chunk_handler("customers")
 def customers(records: Sequence[Record]) -> HandlerResult:
     """Validate each row against :class:`Customer`; invalid rows become rejects, not failures."""
-    output: list[Any] = []
+    output: list[bytes] = []
     rejects: list[Reject] = []
     for record in records:
         try:
@@ -152,5 +157,5 @@ def customers(records: Sequence[Record]) -> HandlerResult:
         except ValidationError as err:
             rejects.append(Reject(record.line, describe_error(err), record.value))
             continue
-        output.append(customer.model_dump(mode="json"))
-    return HandlerResult(output, rejects)
+        output.append(_customer_json(customer))
+    return HandlerResult(output, rejects, encoded=True)
