@@ -322,15 +322,14 @@ class _FileJob:
             return None
         return cp
 
-    def _pin_version(self) -> str | None:
-        """HEAD the source with IfMatch: fails clearly if it changed or vanished since listing, and
-        returns its VersionId on a versioned bucket (None otherwise)."""
+    def _has_output(self) -> bool:
+        """Whether anything exists under this file's output folder (one LIST, no HEADs)."""
+        prefix = layout.file_dir(self.req.output_prefix, self.obj.key)
         try:
-            head = self.s3.head_object(Bucket=self.req.bucket, Key=self.obj.key, IfMatch=f'"{self.obj.etag}"')
+            listed = self.s3.list_objects_v2(Bucket=self.req.output_bucket, Prefix=prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "reading", self.req.bucket, self.obj.key)
-        version = head.get("VersionId")
-        return version if version and version != "null" else None
+            raise_s3_error(err, "listing", self.req.output_bucket, prefix)
+        return bool(listed.get("KeyCount") or listed.get("Contents"))
 
     def _committed(self, chunk: int, kind: str = "part") -> Checkpoint | bool | None:
         """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None
@@ -361,13 +360,14 @@ class _FileJob:
         """
         cp = self._heartbeat_checkpoint()
         if cp is None:
-            version = self.obj.version_id or self._pin_version()
             cp = Checkpoint(
                 etag=self.obj.etag,
-                version_id=version,
+                version_id=self.obj.version_id,
                 fingerprint=self.fingerprint,
                 byte_offset=None if self.gz else 0,
             )
+            if not self._has_output():
+                return cp  # a fresh file: nothing to probe (the common case, one request)
         while not cp.done:
             found = self._committed(cp.chunk)
             if found is None:
@@ -452,6 +452,7 @@ class _FileJob:
         max_bytes = self.req.max_record_bytes
         if self.gz:
             raw = stack.enter_context(self._open(0))
+            self._source = raw.raw
             stream: Any = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
             parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes)
             records = iter(parser)
@@ -470,6 +471,7 @@ class _FileJob:
             with self._open(0, window=64 * 1024) as head_stream:
                 header = read_csv_header(head_stream, max_bytes)
         stream = stack.enter_context(self._open(offset))
+        self._source = stream.raw
         parser = make_parser(self.fmt, stream, offset=offset, line=cp.line, header=header, max_line_bytes=max_bytes)
         return iter(parser), parser
 
@@ -563,6 +565,8 @@ class _FileJob:
                 "byte_offset": end_offset,
                 "line": end_line,
                 "chunk": cp.chunk + 1,
+                # Pinned by the first read on a versioned bucket; later attempts read that version.
+                "version_id": cp.version_id or self._source.version_id,
                 "records_written": cp.records_written + len(output),
                 "rejected": cp.rejected + len(rejects),
                 "done": done,

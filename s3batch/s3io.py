@@ -155,6 +155,14 @@ class RangedReader(io.RawIOBase):
             raise_s3_error(err, "reading", self._bucket, self._key)
         self._body = response["Body"]
         self._window_end = end + 1
+        version = response.get("VersionId")
+        if self._version_id is None and version and version != "null":
+            self._version_id = version  # pin the version this read started on
+
+    @property
+    def version_id(self) -> str | None:
+        """The object version being read (None on an unversioned bucket)."""
+        return self._version_id
 
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self._size:

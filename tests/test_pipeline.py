@@ -160,3 +160,19 @@ async def test_redrive_of_a_missing_report_fails_before_any_file(
         assert f"s3://{out}/nope/_report.json" in err.cause.cause.message
     else:
         raise AssertionError("expected a failure")
+
+
+async def test_versioned_bucket_pins_the_version_in_the_checkpoint(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    src, out = buckets
+    s3.put_bucket_versioning(Bucket=src, VersioningConfiguration={"Status": "Enabled"})
+    put = s3.put_object(Bucket=src, Key="v/a.jsonl", Body=b"".join(b'{"n": %d}\n' % i for i in range(50)))
+    result = await run_job(
+        client, task_queue, S3BatchInput(bucket=src, prefix="v/", output_bucket=out, chunk_records=20)
+    )
+    assert result.totals.records_written == 50
+    head = s3.head_object(Bucket=out, Key="v/a.jsonl/part-00002.jsonl")
+    checkpoint = json.loads(head["Metadata"]["s3batch-checkpoint"])
+    assert checkpoint["version_id"] == put["VersionId"]
+    assert checkpoint["done"] is True and checkpoint["next_record"] == 50
