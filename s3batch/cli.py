@@ -5,7 +5,9 @@
     s3batch pause ID / s3batch resume ID     # pause lets running files finish
     s3batch set-concurrency ID 16
     s3batch cancel ID                        # in-flight files stop at a chunk boundary
+    s3batch watch ID [--interval 1] [--once]  # live view: a bar per file in flight, speed, ETA
     s3batch report ID [--json]
+    s3batch redrive ID [--id NEW_ID] [--wait] # a new job over the files that failed in ID
     s3batch list [--json]
 
 ``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
@@ -18,7 +20,9 @@ from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, p
 :mod:`s3batch.config`), the task queue from ``S3BATCH_TASK_QUEUE`` unless ``--task-queue`` is given.
 
 Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
-3 the ID belongs to a job that already finished (IDs are never reused).
+3 the command does not apply to the job in its state: the ID belongs to a job that already finished
+(IDs are never reused; controls need a running job), or ``redrive`` was given a job that is still
+running or has no failed or cancelled files.
 """
 
 from __future__ import annotations
@@ -33,17 +37,23 @@ import json
 import os
 import sys
 import textwrap
+import time
 import uuid
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from rich import filesize
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as ProgressBar
+from rich.progress_bar import ProgressBar as Bar
 from rich.table import Table
+from rich.text import Text
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
@@ -176,10 +186,34 @@ class InFlightFile:
     """Files of the activity: more than one for a group of small files, processed in turn."""
     group_index: int = 0
     """Which of the group's files ``key`` and ``checkpoint`` are about."""
+    sizes: list[int] = field(default_factory=list)
+    """Object sizes of the activity's files, in order (from its input; empty if unknown)."""
+
+    @property
+    def size(self) -> int | None:
+        """Size of the object ``checkpoint`` is about."""
+        return self.sizes[self.group_index] if self.group_index < len(self.sizes) else None
+
+    @property
+    def fraction(self) -> float | None:
+        """How far through its object the file is, 0..1; None where unknown (gzip: no byte offset)."""
+        cp, size = self.checkpoint, self.size
+        if cp is None or cp.byte_offset is None or not size:
+            return None
+        return min(1.0, cp.byte_offset / size)
+
+    @property
+    def bytes_done(self) -> int:
+        """Source bytes of this activity already consumed: the group's earlier files (finished)
+        and the current file up to its checkpoint (0 for gzip, whose offset is unknown)."""
+        done = sum(self.sizes[: self.group_index])
+        cp = self.checkpoint
+        return done + ((cp.byte_offset or 0) if cp is not None else 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
+            "size": self.size,
             "activity_id": self.activity_id,
             "attempt": self.attempt,
             "state": self.state,
@@ -249,43 +283,52 @@ async def outcome(handle: WorkflowHandle[Any, S3BatchResult]) -> tuple[S3BatchRe
         return None, failure_message(err)
 
 
-def _input_keys(activity_type: str, value: Any) -> list[str]:
-    """The object keys of one file activity's input (a group activity processes several)."""
+def _input_objects(activity_type: str, value: Any) -> list[ObjectRef]:
+    """The objects of one file activity's input (a group activity processes several)."""
     if activity_type == PROCESS_GROUP_ACTIVITY:
         first = ProcessFileInput.model_validate(value["file"])
-        return [first.obj.key, *(ObjectRef.model_validate(obj).key for obj in value["more"])]
-    return [ProcessFileInput.model_validate(value).obj.key]
+        return [first.obj, *(ObjectRef.model_validate(obj) for obj in value["more"])]
+    return [ProcessFileInput.model_validate(value).obj]
 
 
-async def in_flight_files(client: Client, workflow_id: str, run_id: str, raw: Any) -> list[InFlightFile]:
+async def in_flight_files(
+    client: Client,
+    workflow_id: str,
+    run_id: str,
+    raw: Any,
+    objects_cache: dict[tuple[str, str], list[ObjectRef]] | None = None,
+) -> list[InFlightFile]:
     """The files in flight, from the pending activities of a workflow description.
 
-    The server lists pending activities without their input; the object keys are read from the
-    ``ActivityTaskScheduled`` events of the same run (a run holds at most a few thousand events).
-    A group activity heartbeats ``(checkpoint, index)``: the checkpoint of its ``index``-th file.
+    The server lists pending activities without their input; the objects (keys and sizes) are read
+    from the ``ActivityTaskScheduled`` events of the same run (a run holds at most a few thousand
+    events). A group activity heartbeats ``(checkpoint, index)``: the checkpoint of its
+    ``index``-th file. ``objects_cache`` (by run and activity ID) spares a caller that polls
+    (``watch``) reading the history again while the same activities are pending.
     """
     pending = [p for p in raw.pending_activities if p.activity_type.name in FILE_ACTIVITIES]
     if not pending:
         return []
     converter = client.data_converter
-    wanted = {p.activity_id for p in pending}
-    keys: dict[str, list[str]] = {}
-    async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
-        if not event.HasField("activity_task_scheduled_event_attributes"):
-            continue
-        attrs = event.activity_task_scheduled_event_attributes
-        if attrs.activity_id in wanted and attrs.input.payloads:
-            [value] = await converter.decode(attrs.input.payloads[:1])
-            keys[attrs.activity_id] = _input_keys(attrs.activity_type.name, value)
+    cache = objects_cache if objects_cache is not None else {}
+    wanted = {p.activity_id for p in pending if (run_id, p.activity_id) not in cache}
+    if wanted:
+        async for event in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+            if not event.HasField("activity_task_scheduled_event_attributes"):
+                continue
+            attrs = event.activity_task_scheduled_event_attributes
+            if attrs.activity_id in wanted and attrs.input.payloads:
+                [value] = await converter.decode(attrs.input.payloads[:1])
+                cache[(run_id, attrs.activity_id)] = _input_objects(attrs.activity_type.name, value)
     files = []
     for p in pending:
         details = await converter.decode(p.heartbeat_details.payloads) if p.heartbeat_details.payloads else []
         checkpoint = Checkpoint.model_validate(details[0]) if details else None
         index = details[1] if len(details) > 1 and isinstance(details[1], int) else 0
-        group = keys.get(p.activity_id, [])
+        group = cache.get((run_id, p.activity_id), [])
         files.append(
             InFlightFile(
-                key=group[index] if index < len(group) else None,
+                key=group[index].key if index < len(group) else None,
                 activity_id=p.activity_id,
                 attempt=p.attempt,
                 state=PendingActivityState.Name(p.state).removeprefix("PENDING_ACTIVITY_STATE_").lower(),
@@ -296,12 +339,15 @@ async def in_flight_files(client: Client, workflow_id: str, run_id: str, raw: An
                 last_failure=p.last_failure.message if p.HasField("last_failure") else None,
                 group_files=len(group),
                 group_index=index,
+                sizes=[obj.size for obj in group],
             )
         )
     return sorted(files, key=lambda f: f.key or "")
 
 
-async def load_job(client: Client, workflow_id: str) -> JobView:
+async def load_job(
+    client: Client, workflow_id: str, objects_cache: dict[tuple[str, str], list[ObjectRef]] | None = None
+) -> JobView:
     """Describe a job: progress and in-flight checkpoints while it runs, its outcome once done.
 
     Raises:
@@ -318,7 +364,9 @@ async def load_job(client: Client, workflow_id: str) -> JobView:
     view = JobView(workflow_id=workflow_id, run_id=desc.run_id, status=status, ui_url=ui_link(client, workflow_id))
     if desc.status == WorkflowExecutionStatus.RUNNING:
         view.progress = await query_progress(handle)
-        view.in_flight = await in_flight_files(client, workflow_id, desc.run_id, desc.raw_description)
+        view.in_flight = await in_flight_files(
+            client, workflow_id, desc.run_id, desc.raw_description, objects_cache
+        )
     else:
         view.result, view.error = await outcome(handle)
     return view
@@ -348,6 +396,36 @@ def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
         err_out.print(f"[bold red]Job failed:[/] {error}")
 
 
+def state_line(p: Progress) -> str:
+    """What a running job is doing now: files in flight, pause, cancellation, concurrency, run."""
+    if p.cancelling:
+        doing = "cancelling: files in flight stop at their next chunk boundary"
+    elif p.paused:
+        doing = "paused: no new file starts; files in flight finish"
+    else:
+        doing = f"at most {p.max_concurrent_files or '?'} file(s) at once"
+    return (
+        f"running  {p.files_in_flight} file(s) in flight (counted above once finished); {doing}; "
+        f"workflow run {p.run + 1}"
+    )
+
+
+def _file_label(f: InFlightFile) -> str:
+    group = f" (file {f.group_index + 1} of {f.group_files} in a group)" if f.group_files > 1 else ""
+    return (f.key or f"activity {f.activity_id}") + group
+
+
+def _attempt(f: InFlightFile) -> str:
+    return str(f.attempt) + ("" if f.state == "started" else f" ({f.state})")
+
+
+def _percent(f: InFlightFile) -> str:
+    """``42%`` of the object read, ``gzip`` where the offset is unknown, ``-`` before a checkpoint."""
+    if f.fraction is not None:
+        return f"{f.fraction:.0%}"
+    return "-" if f.checkpoint is None or f.checkpoint.byte_offset is not None else "gzip"
+
+
 def print_view(view: JobView) -> None:
     colour = {"running": "cyan", "completed": "green"}.get(view.status, "red")
     out.print(f"[bold]{view.workflow_id}[/]: [bold {colour}]{view.status}[/]")
@@ -361,34 +439,201 @@ def print_view(view: JobView) -> None:
         p = view.progress
         for line in totals_lines(p, listing_done=p.listing_done):
             out.print(f"  {line}")
-        out.print(
-            f"  running  {p.files_in_flight} file(s) in flight (counted above once finished), "
-            f"workflow run {p.run + 1}"
-        )
+        out.print(f"  {state_line(p)}")
     if not view.in_flight:
         return
     table = Table(title="In-flight files: last checkpoint", title_justify="left", box=None, padding=(0, 1))
     table.add_column("file", overflow="fold")
-    for column in ("attempt", "next record", "byte offset", "chunk", "rejected", "heartbeat"):
+    for column in ("attempt", "done", "next record", "byte offset", "chunk", "rejected", "heartbeat"):
         table.add_column(column, justify="right", no_wrap=True)
     now = datetime.datetime.now(datetime.UTC)
     for f in view.in_flight:
         cp = f.checkpoint
-        age = f"{(now - f.last_heartbeat).total_seconds():.0f}s ago" if f.last_heartbeat else "none yet"
-        group = f" (file {f.group_index + 1} of {f.group_files} in a group)" if f.group_files > 1 else ""
         table.add_row(
-            (f.key or f"activity {f.activity_id}") + group,
-            str(f.attempt) + ("" if f.state == "started" else f" ({f.state})"),
+            _file_label(f),
+            _attempt(f),
+            _percent(f),
             f"{cp.next_record:,}" if cp else "-",
             "-" if cp is None or cp.byte_offset is None else f"{cp.byte_offset:,}",
             str(cp.chunk) if cp else "-",
             f"{cp.rejected:,}" if cp else "-",
-            age,
+            _age(f, now),
         )
     out.print(table)
     for f in view.in_flight:
         if f.last_failure:
             out.print(f"  {f.key}: last attempt failed: {f.last_failure}")
+
+
+# ------------------------------------------------------------------------------ watch
+
+WATCH_WINDOW_SECONDS = 10.0
+"""Throughput is measured over the samples of this many seconds."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Job-wide amounts at one poll: finished files' totals plus the in-flight files' checkpoints."""
+
+    t: float
+    """Seconds on a monotonic clock."""
+    records: int
+    bytes: int
+
+
+def sample_of(view: JobView, t: float) -> Sample | None:
+    """The amounts processed so far, finished and in flight, or None without progress."""
+    p = view.progress
+    if p is None:
+        return None
+    records = p.records + sum(f.checkpoint.next_record for f in view.in_flight if f.checkpoint)
+    return Sample(t, records, p.bytes_read + sum(f.bytes_done for f in view.in_flight))
+
+
+def _window_start(samples: Sequence[Sample], window: float) -> Sample:
+    """The oldest sample of the last ``window`` seconds."""
+    return next(s for s in samples if s.t >= samples[-1].t - window)
+
+
+def throughput(samples: Sequence[Sample], window: float = WATCH_WINDOW_SECONDS) -> tuple[float, float] | None:
+    """``(records/s, bytes/s)`` between the oldest sample of the last ``window`` seconds and the
+    newest, or None with less than two samples. Never negative (a retried file can step back)."""
+    if len(samples) < 2:
+        return None
+    last, first = samples[-1], _window_start(samples, window)
+    span = last.t - first.t
+    if span <= 0:
+        return None
+    return max(0.0, (last.records - first.records) / span), max(0.0, (last.bytes - first.bytes) / span)
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def eta(view: JobView, bytes_per_second: float | None) -> str:
+    """Time left from the bytes remaining at the current speed (None: not measured yet), and how
+    it is known.
+
+    The ``progress`` query gives file counts, not the listed files' sizes: the bytes left are the
+    in-flight files' (their sizes are in their activities' input) plus, for files not started
+    yet, the average size of the files seen so far. Before the listing is complete the number of
+    files is unknown, so there is no ETA.
+    """
+    p = view.progress
+    if p is None:
+        return "unknown (no progress yet)"
+    if not p.listing_done:
+        return f"after the listing completes ({p.files_listed} files listed so far, more to come)"
+    seen_files = p.files_succeeded + p.files_failed + p.files_cancelled
+    flight_sizes = [size for f in view.in_flight for size in f.sizes]
+    seen_bytes = p.bytes_read + sum(flight_sizes)
+    seen_count = seen_files + len(flight_sizes)
+    not_started = max(0, p.files_listed - seen_files - p.files_in_flight)
+    flight_left = sum(flight_sizes) - sum(f.bytes_done for f in view.in_flight)
+    average = seen_bytes / seen_count if seen_count else 0.0
+    left = flight_left + not_started * average
+    estimated = " (files not started yet counted at the average size so far)" if not_started else ""
+    if left <= 0:
+        return "any moment (the last files are finishing)"
+    if bytes_per_second is None:
+        return "measuring..."
+    if not bytes_per_second:
+        return "unknown (no bytes read in the last few seconds)" + estimated
+    return f"{_duration(left / bytes_per_second)}: {filesize.decimal(round(left))} left{estimated}"
+
+
+_BAR_WIDTH = 30
+
+
+def _age(f: InFlightFile, now: datetime.datetime) -> str:
+    return f"{(now - f.last_heartbeat).total_seconds():.0f}s ago" if f.last_heartbeat else "none yet"
+
+
+def in_flight_table(files: Sequence[InFlightFile], now: datetime.datetime) -> Table:
+    """One row per file in flight: a bar of the object read up to its last checkpoint, or (gzip,
+    whose byte offset is unknown) the records and chunks so far.
+
+    Checkpoints reach the server as heartbeats, which the worker throttles to one per 0.8 x the
+    job's ``heartbeat_timeout_seconds``: with the default 30 s a bar moves every 24 s or so; the
+    ``checkpoint`` column says how old each one is."""
+    table = Table(box=None, padding=(0, 1), title="In flight", title_justify="left")
+    table.add_column("file", overflow="fold")
+    table.add_column("read", no_wrap=True)
+    table.add_column("done", justify="right", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    for column in ("records", "chunk", "attempt", "checkpoint"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for f in files:
+        cp, size = f.checkpoint, f.size
+        if f.fraction is not None and cp is not None and size:
+            bar: RenderableType = Bar(total=size, completed=cp.byte_offset or 0, width=_BAR_WIDTH)
+            amount = f"{filesize.decimal(cp.byte_offset or 0)} / {filesize.decimal(size)}"
+        elif cp is None:
+            bar, amount = Text("waiting for the first checkpoint", style="dim"), "-"
+        else:
+            bar = Text("gzip: no byte offset", style="dim")
+            amount = f"? / {filesize.decimal(size)}" if size is not None else "-"
+        table.add_row(
+            _file_label(f),
+            bar,
+            _percent(f),
+            amount,
+            f"{cp.next_record:,}" if cp else "-",
+            str(cp.chunk) if cp else "-",
+            _attempt(f),
+            _age(f, now),
+        )
+    return table
+
+
+def watch_renderable(
+    view: JobView,
+    samples: Sequence[Sample],
+    window: float = WATCH_WINDOW_SECONDS,
+    now: datetime.datetime | None = None,
+) -> RenderableType:
+    """The ``watch`` screen, a pure function of one poll (``view``), the samples so far and the
+    time (for the checkpoints' age; default: the clock)."""
+    colour = {"running": "cyan", "completed": "green"}.get(view.status, "red")
+    lines: list[RenderableType] = [
+        Text.from_markup(f"[bold]{view.workflow_id}[/]: [bold {colour}]{view.status}[/]"),
+        Text(f"  Web UI   {view.ui_url}"),
+    ]
+    p = view.progress
+    if p is None:
+        lines.append(Text("  progress unavailable (no worker has picked the job up yet?)"))
+        return Group(*lines)
+    lines += [Text(f"  {line}") for line in totals_lines(p, listing_done=p.listing_done)]
+    lines.append(Text(f"  {state_line(p)}"))
+    latest = samples[-1] if samples else sample_of(view, 0.0)
+    if latest is not None and view.in_flight:
+        lines.append(
+            Text(
+                f"  so far   {latest.records:,} records and {filesize.decimal(latest.bytes)} read, "
+                "counting the files in flight up to their last checkpoint"
+            )
+        )
+    rates = throughput(samples, window)
+    if rates is None:
+        lines.append(Text("  speed    measuring..."))
+    else:
+        span = samples[-1].t - _window_start(samples, window).t
+        lines.append(Text(f"  speed    {rates[0]:,.0f} records/s, {rates[1] / 1e6:,.2f} MB/s (last {span:.0f} s)"))
+    lines.append(Text(f"  ETA      {eta(view, rates[1] if rates else None)}"))
+    if view.in_flight:
+        lines.append(in_flight_table(view.in_flight, now or datetime.datetime.now(datetime.UTC)))
+        lines += [
+            Text(f"  {f.key}: last attempt failed: {f.last_failure}", style="yellow")
+            for f in view.in_flight
+            if f.last_failure
+        ]
+    return Group(*lines)
 
 
 def print_json(value: Any) -> None:
@@ -460,18 +705,25 @@ async def follow(handle: WorkflowHandle[Any, S3BatchResult]) -> tuple[S3BatchRes
     return result, error
 
 
-async def cmd_start(args: argparse.Namespace) -> int:
-    job = job_from_args(args)  # before connecting: bad input never reaches the server
-    settings = Settings()
-    workflow_id = args.id or f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
-    client = await _connect()
+async def start_job(
+    client: Client,
+    job: S3BatchInput,
+    workflow_id: str,
+    task_queue: str,
+    *,
+    wait: bool,
+    as_json: bool,
+    extra: dict[str, Any] | None = None,
+) -> int:
+    """Start ``job`` as ``workflow_id`` (or find it already running), say so, and follow it to its
+    end if ``wait``. ``extra`` is merged into the JSON output. Used by ``start`` and ``redrive``."""
 
     async def start(indexed: bool) -> WorkflowHandle[Any, S3BatchResult]:
         return await client.start_workflow(
             WORKFLOW_TYPE,
             job,
             id=workflow_id,
-            task_queue=args.task_queue or settings.task_queue,
+            task_queue=task_queue,
             result_type=S3BatchResult,
             # A running job with this ID is followed, not started again; a finished one is not rerun.
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -502,8 +754,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
         "namespace": client.namespace,
         "already_running": not started,
         "ui_url": link,
+        **(extra or {}),
     }
-    if not args.json:
+    if not as_json:
         if started:
             out.print(f"Started job [bold]{workflow_id}[/]")
         else:
@@ -513,13 +766,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
             )
         out.print(f"  Web UI   {link}")
         out.print(f"  status   s3batch status {workflow_id}")
-    if not args.wait:
-        if args.json:
+        out.print(f"  watch    s3batch watch {workflow_id}")
+    if not wait:
+        if as_json:
             print_json(info)
         return EXIT_OK
     # Follow the latest run of the ID, whatever continue-as-new does.
     latest = client.get_workflow_handle(workflow_id, result_type=S3BatchResult)
-    if args.json:
+    if as_json:
         result, error = await outcome(latest)
         status = "completed" if result is not None else "failed"
         print_json({**info, "status": status, "result": result.model_dump(mode="json") if result else None,
@@ -531,6 +785,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
     return EXIT_OK if result is not None else EXIT_FAILED
 
 
+async def cmd_start(args: argparse.Namespace) -> int:
+    job = job_from_args(args)  # before connecting: bad input never reaches the server
+    workflow_id = args.id or f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
+    client = await _connect()
+    task_queue = args.task_queue or Settings().task_queue
+    return await start_job(client, job, workflow_id, task_queue, wait=args.wait, as_json=args.json)
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
     client = await _connect()
     view = await load_job(client, args.workflow_id)
@@ -539,6 +801,42 @@ async def cmd_status(args: argparse.Namespace) -> int:
     else:
         print_view(view)
     return EXIT_OK
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    """Redraw the job's live view every ``--interval`` seconds until it ends, then print its
+    outcome as ``start --wait`` does (and exit the same way)."""
+    if args.interval <= 0:
+        raise CliError("--interval must be positive", EXIT_BAD_INPUT)
+    client = await _connect()
+    cache: dict[tuple[str, str], list[ObjectRef]] = {}
+    samples: deque[Sample] = deque()
+    view = await load_job(client, args.workflow_id, cache)
+    if args.once and view.status == "running":
+        sample = sample_of(view, time.monotonic())
+        out.print(watch_renderable(view, [sample] if sample else []))
+        return EXIT_OK
+    if view.status == "running":
+        with Live(console=out, auto_refresh=False, transient=False) as live:
+            fresh = True
+            while view.status == "running":
+                sample = sample_of(view, time.monotonic()) if fresh else None
+                if sample is not None:
+                    samples.append(sample)
+                    while samples[0].t < sample.t - 2 * WATCH_WINDOW_SECONDS:
+                        samples.popleft()
+                live.update(watch_renderable(view, samples), refresh=True)
+                await asyncio.sleep(args.interval)
+                try:
+                    view, fresh = await load_job(client, args.workflow_id, cache), True
+                except RPCError as err:
+                    # A blip of the server (or a proxy) must not end the view: keep the last poll.
+                    err_out.print(f"[yellow]poll failed, retrying:[/] {err.message}")
+                    fresh = False
+    out.print(f"[bold]{view.workflow_id}[/]: {view.status}")
+    print_outcome(view.result, view.error)
+    out.print(f"  Web UI   {view.ui_url}")
+    return EXIT_OK if view.result is not None else EXIT_FAILED
 
 
 # ------------------------------------------------------------------------------ control
@@ -639,19 +937,27 @@ async def job_input(client: Client, workflow_id: str) -> S3BatchInput:
     raise CliError(f"the history of job {workflow_id!r} has no start event")
 
 
+def _read_report(bucket: str, key: str) -> tuple[dict[str, Any], str] | None:
+    """The job report at ``s3://bucket/key`` and its ETag, or None where there is none (yet)."""
+    s3 = make_client()
+    try:
+        response = s3.get_object(Bucket=bucket, Key=key)
+    except s3.exceptions.NoSuchKey:
+        return None
+    return json.loads(response["Body"].read()), response["ETag"]
+
+
 async def cmd_report(args: argparse.Namespace) -> int:
     client = await _connect()
     job = await job_input(client, args.workflow_id)
     key = layout.report_key(job.output_prefix)
-    s3 = make_client()
-    try:
-        body = await asyncio.to_thread(lambda: s3.get_object(Bucket=job.output_bucket, Key=key)["Body"].read())
-    except s3.exceptions.NoSuchKey:
+    got = await asyncio.to_thread(_read_report, job.output_bucket, key)
+    if got is None:
         raise CliError(
             f"no report at s3://{job.output_bucket}/{key} yet: the report is written when the job ends "
             f"(see `s3batch status {args.workflow_id}`)"
-        ) from None
-    report = json.loads(body)
+        )
+    report, _ = got
     if args.json:
         print_json(report)
         return EXIT_OK
@@ -680,6 +986,105 @@ async def cmd_report(args: argparse.Namespace) -> int:
     out.print(table)
     out.print(f"  report   s3://{job.output_bucket}/{key}")
     return EXIT_OK
+
+
+REDRIVE_STATUSES = ("failed", "cancelled")
+"""File statuses in a report that a redrive processes again (as the workflow's listing does)."""
+
+
+def report_copy_key(output_prefix: str, new_id: str) -> str:
+    """Where ``redrive`` keeps the report it redrives: the new job overwrites ``_report.json``."""
+    return f"{output_prefix}_report.before-redrive-{new_id}.json"
+
+
+def _copy_report(bucket: str, key: str, etag: str, copy_key: str) -> None:
+    # Conditional on the ETag read: the copy is the very report whose failed files were counted.
+    make_client().copy_object(
+        Bucket=bucket, Key=copy_key, CopySource={"Bucket": bucket, "Key": key}, CopySourceIfMatch=etag
+    )
+
+
+async def cmd_redrive(args: argparse.Namespace) -> int:
+    """Start a new job over the files that failed (or were cancelled) in a finished job.
+
+    The new job has the same input, so it writes into the same output layout (a redriven file that
+    committed parts resumes from them), plus ``only_failed_of``. It overwrites the layout's
+    ``_report.json`` when it ends, so the original report is first copied next to it and the new
+    job reads its failed files from that copy.
+    """
+    wid = args.workflow_id
+    client = await _connect()
+    desc = await (await _existing(client, wid)).describe()
+    status = desc.status.name.lower() if desc.status else "unknown"
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        raise CliError(
+            f"job {wid!r} is still running: a redrive takes the failed files from the report written when "
+            f"a job ends. Wait for it (`s3batch watch {wid}`) or cancel it (`s3batch cancel {wid}`) first; "
+            "nothing was started.",
+            EXIT_ID_USED,
+        )
+    job = await job_input(client, wid)
+    key = layout.report_key(job.output_prefix)
+    uri = f"s3://{job.output_bucket}/{key}"
+    got = await asyncio.to_thread(_read_report, job.output_bucket, key)
+    if got is None:
+        raise CliError(
+            f"job {wid!r} ended ({status}) without a report at {uri}, so no file failed in it: nothing to "
+            f"redrive (`s3batch status {wid}` says how it ended; start it again to rerun it)",
+            EXIT_ID_USED,
+        )
+    report, etag = got
+    owner = report.get("job_id")
+    if owner != wid:
+        raise CliError(
+            f"the report at {uri} belongs to job {owner!r}, not to {wid!r}: a later job wrote into the same "
+            f"output layout (a redrive does). Redrive that one instead: `s3batch redrive {owner}`",
+            EXIT_ID_USED,
+        )
+    files = [
+        f
+        for f in report.get("files", [])
+        if f.get("status") in REDRIVE_STATUSES and str(f.get("key", "")).startswith(job.prefix)
+    ]
+    if not files:
+        raise CliError(
+            f"job {wid!r} has no failed or cancelled files in its report {uri}: nothing to redrive",
+            EXIT_ID_USED,
+        )
+    new_id = args.id or f"{wid}-redrive-{uuid.uuid4().hex[:8]}"
+    try:
+        existing = await client.get_workflow_handle(new_id).describe()
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+    else:
+        if existing.status != WorkflowExecutionStatus.RUNNING:
+            # Checked before copying: the copy must not replace the report that job redrove.
+            raise CliError(
+                f"job {new_id!r} already ran and is finished; an ID is never reused, so nothing was "
+                "started. Pass another --id (or none).",
+                EXIT_ID_USED,
+            )
+    copy_key = report_copy_key(job.output_prefix, new_id)
+    copy_uri = f"s3://{job.output_bucket}/{copy_key}"
+    await asyncio.to_thread(_copy_report, job.output_bucket, key, etag, copy_key)
+    redrive = S3BatchInput.model_validate({**job.model_dump(), "only_failed_of": copy_uri})
+    counts = {s: sum(1 for f in files if f["status"] == s) for s in REDRIVE_STATUSES}
+    if not args.json:
+        out.print(
+            f"Redriving {len(files)} file(s) of job [bold]{wid}[/] ({counts['failed']} failed, "
+            f"{counts['cancelled']} cancelled) into the same output s3://{job.output_bucket}/{job.output_prefix}"
+        )
+        out.print(f"  original report kept at {copy_uri} (the new job writes {uri} when it ends)")
+    return await start_job(
+        client,
+        redrive,
+        new_id,
+        args.task_queue or desc.task_queue,
+        wait=args.wait,
+        as_json=args.json,
+        extra={"redrive_of": wid, "files": len(files), "original_report": copy_uri, "report": uri},
+    )
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
@@ -768,10 +1173,26 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
     cancel.set_defaults(func=cmd_cancel)
 
+    watch = commands.add_parser("watch", help="live view of a job: a bar per file in flight, speed and ETA")
+    watch.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)")
+    watch.add_argument("--once", action="store_true", help="print the view once and exit (for scripts and logs)")
+    watch.set_defaults(func=cmd_watch)
+
     report = commands.add_parser("report", help="the report of a finished job, as a table")
     report.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
     report.add_argument("--json", action="store_true", help="the report's JSON as written to S3")
     report.set_defaults(func=cmd_report)
+
+    redrive = commands.add_parser(
+        "redrive", help="start a new job over the files that failed or were cancelled in a finished job"
+    )
+    redrive.add_argument("workflow_id", metavar="ID", help="the finished job's workflow ID")
+    redrive.add_argument("--id", help="workflow ID of the new job (default: ID-redrive-<random>)")
+    redrive.add_argument("--task-queue", help="task queue of the workers (default: the finished job's)")
+    redrive.add_argument("--wait", action="store_true", help="follow the new job with a progress bar until it ends")
+    redrive.add_argument("--json", action="store_true", help="machine-readable output")
+    redrive.set_defaults(func=cmd_redrive)
 
     listing = commands.add_parser("list", help="running and recent jobs")
     listing.add_argument("--running", action="store_true", help="running jobs only")
