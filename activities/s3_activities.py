@@ -12,6 +12,7 @@ import datetime
 import gzip
 import io
 import json
+import os
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -71,6 +72,15 @@ class _Metrics:
             "Age of a file's previous checkpoint when the next one is committed",
             "s",
         )
+
+
+def _any_object(s3: S3Client, bucket: str, prefix: str) -> bool:
+    """Whether any object exists under ``prefix`` (one LIST of at most one key)."""
+    try:
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing", bucket, prefix)
+    return bool(listed.get("KeyCount") or listed.get("Contents"))
 
 
 def _strip_etag(etag: str) -> str:
@@ -208,11 +218,16 @@ class S3Activities:
         info = activity.info()
         details = info.heartbeat_details
         resume_index = details[1] if len(details) >= 2 and isinstance(details[1], int) else -1
+        items = req.items()
+        # One LIST for the whole group: on a first run nothing exists under the files' common output
+        # prefix, and no file needs to look for committed parts of its own.
+        common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
+        fresh = not details and not _any_object(self.s3, req.file.output_bucket, common)
         results: list[FileResult] = []
-        for index, item in enumerate(req.items()):
+        for index, item in enumerate(items):
             hint = details[0] if index == resume_index else None
             try:
-                results.append(_FileJob(self.s3, item, hint, index).run())
+                results.append(_FileJob(self.s3, item, hint, index, fresh=fresh).run())
             except ApplicationError as err:
                 if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
                     raise
@@ -275,16 +290,26 @@ class _FileJob:
     """One attempt at one file. Write-then-checkpoint: a chunk's part (data + checkpoint metadata)
     is written in one PUT, and only then heartbeated."""
 
-    def __init__(self, s3: S3Client, req: ProcessFileInput, heartbeat: Any = None, index: int | None = None) -> None:
+    def __init__(
+        self,
+        s3: S3Client,
+        req: ProcessFileInput,
+        heartbeat: Any = None,
+        index: int | None = None,
+        *,
+        fresh: bool = False,
+    ) -> None:
         """Args:
         s3: The S3 client.
         req: The file and the job options.
+        fresh: Known to have no output yet (its group's output prefix is empty).
         heartbeat: The checkpoint found in the last heartbeat details for this file, if any.
         index: Position of the file in its group; sent along with each heartbeat.
         """
         self.s3 = s3
         self.req = req
         self._heartbeat_hint = heartbeat
+        self._fresh = fresh
         self._extra = () if index is None else (index,)
         self.metrics = _Metrics(req.handler)
         self._last_commit = time.monotonic()
@@ -322,15 +347,6 @@ class _FileJob:
             return None
         return cp
 
-    def _has_output(self) -> bool:
-        """Whether anything exists under this file's output folder (one LIST, no HEADs)."""
-        prefix = layout.file_dir(self.req.output_prefix, self.obj.key)
-        try:
-            listed = self.s3.list_objects_v2(Bucket=self.req.output_bucket, Prefix=prefix, MaxKeys=1)
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "listing", self.req.output_bucket, prefix)
-        return bool(listed.get("KeyCount") or listed.get("Contents"))
-
     def _committed(self, chunk: int, kind: str = "part") -> Checkpoint | bool | None:
         """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None
         if absent, False if it was written for another source version or other options."""
@@ -366,7 +382,9 @@ class _FileJob:
                 fingerprint=self.fingerprint,
                 byte_offset=None if self.gz else 0,
             )
-            if not self._has_output():
+            if self._fresh or not _any_object(
+                self.s3, self.req.output_bucket, layout.file_dir(self.req.output_prefix, self.obj.key)
+            ):
                 return cp  # a fresh file: nothing to probe (the common case, one request)
         while not cp.done:
             found = self._committed(cp.chunk)

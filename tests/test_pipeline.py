@@ -176,3 +176,21 @@ async def test_versioned_bucket_pins_the_version_in_the_checkpoint(
     checkpoint = json.loads(head["Metadata"]["s3batch-checkpoint"])
     assert checkpoint["version_id"] == put["VersionId"]
     assert checkpoint["done"] is True and checkpoint["next_record"] == 50
+
+
+async def test_rerun_of_a_grouped_job_finds_the_committed_output(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    src, out = buckets
+    for i in range(5):
+        s3.put_object(Bucket=src, Key=f"re/{i}.jsonl", Body=b'{"a": 1}\n{"a": 2}\n')
+    job = S3BatchInput(bucket=src, prefix="re/", output_bucket=out, output_prefix="o/")
+    await run_job(client, task_queue, job)
+    before = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/re/")["Contents"]}
+    again = await run_job(client, task_queue, job)
+    assert again.totals.records_written == 10
+    report = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
+    # Every file was found complete: nothing was processed again.
+    assert [f["resumed_from_record"] for f in report["files"]] == [2] * 5
+    after = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/re/")["Contents"]}
+    assert after == before
