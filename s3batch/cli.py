@@ -729,6 +729,8 @@ async def start_job(
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             search_attributes=sa.at_start(job.bucket, job.prefix) if indexed else None,
+            # Shown as the job's summary in the Web UI.
+            static_summary=f"s3://{job.bucket}/{job.prefix} -> s3://{job.output_bucket}/{job.output_prefix}",
         )
 
     try:
