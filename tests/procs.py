@@ -61,3 +61,39 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+# ---------------------------------------------------------------- helpers for the fault suite
+
+
+def pause(worker: WorkerProcess) -> None:
+    """Freeze the worker (SIGSTOP): alive but silent, like a process stuck in a long GC or swap."""
+    worker.proc.send_signal(signal.SIGSTOP)
+
+
+def unpause(worker: WorkerProcess) -> None:
+    worker.proc.send_signal(signal.SIGCONT)
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (peak RSS) of a process, in KiB, from ``/proc/<pid>/status``."""
+    values: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            values[name] = int(rest.split()[0])
+    return values
+
+
+RELIABILITY_FILE_ENV = "S3BATCH_RELIABILITY_FILE"
+"""When set, the fault tests append one JSON row per observed fault to this file
+(``scripts/reliability_report.py`` sets it and turns the rows into docs/RELIABILITY.md)."""
+
+
+def record_reliability(row: dict[str, object]) -> None:
+    path = os.environ.get(RELIABILITY_FILE_ENV)
+    if path:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -1,0 +1,81 @@
+"""Handlers used by the fault and hostile-input tests.
+
+Loaded into worker subprocesses with ``S3BATCH_HANDLER_MODULES=tests.slow_handlers,tests.fault_handlers``
+and registered in-process by importing this module.
+
+- ``counting_slow``: like ``slow_passthrough``, and appends ``<pid> <records>`` to the file named by
+  ``S3BATCH_TEST_COUNT_FILE`` for every call, so a test can count the records processed more than
+  once (work redone after a fault) across worker processes.
+- ``poison_some``: a per-record handler that raises on records carrying ``POISON``: they must become
+  rejects carrying the error, the file still succeeds.
+- ``explode_on_marker``: a chunk handler that raises on any chunk with a record carrying ``BOOM``:
+  such a file fails on every attempt.
+- ``strict_schema``: a chunk handler that validates every row with pydantic and lets the
+  ``ValidationError`` escape (a common way of writing an all-or-nothing handler).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from s3batch.handlers import HandlerResult, chunk_handler, record_handler
+from s3batch.records import Record
+
+_DELAY = float(os.environ.get("S3BATCH_TEST_HANDLER_DELAY", "0.05"))
+
+
+def _count(records: Sequence[Record]) -> None:
+    path = os.environ.get("S3BATCH_TEST_COUNT_FILE")
+    if path:
+        # One small O_APPEND write per call: safe across processes.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{os.getpid()} {len(records)}\n".encode())
+        finally:
+            os.close(fd)
+
+
+@chunk_handler("counting_slow")
+def counting_slow(records: Sequence[Record]) -> HandlerResult:
+    _count(records)
+    time.sleep(_DELAY)
+    return HandlerResult([r.value for r in records], [])
+
+
+@record_handler("poison_some")
+def poison_some(value: dict) -> dict:
+    if "POISON" in str(value):
+        raise ValueError(f"poison record {value.get('id')}")
+    return value
+
+
+@chunk_handler("explode_on_marker")
+def explode_on_marker(records: Sequence[Record]) -> HandlerResult:
+    if any("BOOM" in str(r.value) for r in records):
+        raise RuntimeError("this handler cannot process BOOM records")
+    return HandlerResult([r.value for r in records], [])
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: int
+    secret: int
+
+
+@chunk_handler("strict_schema")
+def strict_schema(records: Sequence[Record]) -> HandlerResult:
+    return HandlerResult([_Row.model_validate(r.value).model_dump() for r in records], [])
+
+
+def handled_records(path: str | os.PathLike[str]) -> int:
+    """Records handed to ``counting_slow`` (all processes) according to the count file."""
+    try:
+        with open(path) as f:
+            return sum(int(line.split()[1]) for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
