@@ -40,6 +40,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         task_queue=settings.task_queue,
         max_concurrent_activities=settings.max_concurrent_files,
         graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        # When a worker dies, its cached workflows move to another worker after this (default 10 s).
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
     )
     # The health reporter exits first: the worker reports unhealthy as soon as it stops polling.
     async with worker, HealthReporter.from_env(client, worker, task_queue=settings.task_queue):

@@ -38,6 +38,7 @@ from s3batch.models import (
     ProcessGroupInput,
     ReportSegmentInput,
     S3BatchInput,
+    describe_validation_error,
 )
 from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
 from s3batch.s3io import (
@@ -116,10 +117,18 @@ class S3Activities:
             self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "listing", job.bucket, job.prefix or None)
+        # The bucket must exist (some S3 servers create it on the first PUT), and a tiny write proves
+        # it is writable before any file is read (a read-only bucket would otherwise fail every
+        # file, and then the report).
+        probe = layout.write_check_key(job.output_prefix)
         try:
             self.s3.head_bucket(Bucket=job.output_bucket)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
+        try:
+            self.s3.put_object(Bucket=job.output_bucket, Key=probe, Body=b"", ContentType="text/plain")
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "writing", job.output_bucket, probe)
         if job.only_failed_of:
             self._read_report(job.only_failed_of)
         return JobCheck(search_attributes=self.search_attributes_registered)
@@ -549,12 +558,16 @@ class _FileJob:
             return
         try:
             result: HandlerResult = handler(good)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any handler error fails the attempt, without its text
+            # The message reaches workflow history and the report: name the error, never its text,
+            # which may quote record contents (pydantic errors are listed by field, without input).
+            reason = describe_validation_error(err) if isinstance(err, ValidationError) else type(err).__name__
             raise ApplicationError(
-                f"handler {self.req.handler!r} failed on {self.where} lines {good[0].line}-{good[-1].line}: "
-                f"{type(err).__name__}: {err}",
+                f"handler {self.req.handler!r} raised {reason} on {self.where} lines "
+                f"{good[0].line}-{good[-1].line}; the whole chunk is retried. Reproduce it locally on "
+                "those lines to see the record.",
                 type="HandlerError",
-            ) from err
+            ) from None
         if result.encoded:
             output.extend(result.output)
         else:

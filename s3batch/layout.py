@@ -37,6 +37,11 @@ def segment_key(output_prefix: str, segment: int) -> str:
     return f"{output_prefix}_s3batch/report-{segment:05d}.jsonl"
 
 
+def write_check_key(output_prefix: str) -> str:
+    """Empty object written at the start of a job to prove the output is writable."""
+    return f"{output_prefix}_s3batch/write-check"
+
+
 def output_index(name: str) -> int | None:
     """Chunk index of a part or rejects object name, or None for anything else."""
     match = _OUTPUT_RE.search(name)

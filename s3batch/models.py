@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
 """An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
@@ -60,8 +68,9 @@ class S3BatchInput(_Model):
     """Files processed at the same time by the whole job."""
     heartbeat_timeout_seconds: int = Field(30, ge=2, le=3_600)
     """A file whose worker is silent this long is retried on another worker, from its checkpoint."""
-    max_attempts: int = Field(5, ge=1, le=100)
-    """Attempts per file before it is reported as failed."""
+    max_attempts: int = Field(10, ge=1, le=100)
+    """Attempts per file before it is reported as failed (10 rides out a few minutes of S3 outage:
+    the retries back off 1, 2, 4 ... 60 s)."""
     max_failed_files: int = Field(0, ge=0)
     """The job fails when more files than this failed (after every other file was processed)."""
     max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
@@ -73,6 +82,20 @@ class S3BatchInput(_Model):
     only_failed_of: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
     """Redrive: ``s3://bucket/key`` of an earlier job's report; only the files that failed (or
     were cancelled) there and lie under ``prefix`` are processed, at their current version."""
+
+    @field_validator("output_prefix")
+    @classmethod
+    def _plain_output_prefix(cls, value: str) -> str:
+        # Output keys are output_prefix + source key. "." and ".." segments are refused: S3 keeps
+        # them as literal characters, but tools that map keys to paths (and some S3 servers) do
+        # not, so outputs could land outside the prefix.
+        segments = value.split("/")
+        if any(seg in (".", "..") for seg in segments) or "//" in value or value.startswith("/"):
+            raise ValueError(
+                "must be a plain key prefix such as 'runs/2026-11-30/': no '.' or '..' segments, no "
+                "empty segment ('//'), no leading '/'"
+            )
+        return value
 
     @model_validator(mode="after")
     def _output_outside_source(self) -> S3BatchInput:

@@ -38,11 +38,15 @@ BAD_FILE = "BadFile"
 S3_ERROR = "S3Error"
 WORKER_SHUTDOWN = "WorkerShutdown"
 
-NON_RETRYABLE_TYPES = [SOURCE_CHANGED, NOT_FOUND, ACCESS_DENIED, UNKNOWN_HANDLER, INVALID_INPUT, BAD_FILE]
+S3_REFUSED = "S3Refused"
+
+NON_RETRYABLE_TYPES = [SOURCE_CHANGED, NOT_FOUND, ACCESS_DENIED, UNKNOWN_HANDLER, INVALID_INPUT, BAD_FILE, S3_REFUSED]
 
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"}
 _DENIED_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 _CHANGED_CODES = {"PreconditionFailed", "412"}
+# Requests the server refuses as malformed: sending them again cannot succeed.
+_REFUSED_CODES = {"InvalidRequest", "InvalidArgument", "KeyTooLongError", "InvalidBucketName", "InvalidObjectName"}
 
 _STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
 
@@ -91,6 +95,13 @@ def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = N
                 f"{action} {where}: access denied ({code}). Give the worker's credentials the "
                 "s3:GetObject/s3:ListBucket permissions on the source and s3:PutObject on the output.",
                 type=ACCESS_DENIED,
+                non_retryable=True,
+            ) from None
+        if code in _REFUSED_CODES:
+            raise ApplicationError(
+                f"{action} {where}: the S3 server refused the request as invalid ({code}: {err}). "
+                "Check the bucket, prefix and key names.",
+                type=S3_REFUSED,
                 non_retryable=True,
             ) from None
         raise ApplicationError(f"{action} {where} failed: {code}: {err}", type=S3_ERROR) from None

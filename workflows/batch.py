@@ -58,6 +58,7 @@ _SHORT_ACTIVITY = {
     "retry_policy": RetryPolicy(
         initial_interval=timedelta(seconds=1),
         maximum_interval=timedelta(seconds=30),
+        maximum_attempts=12,  # about 5 minutes: rides out an S3 outage, never loops forever
         non_retryable_error_types=NON_RETRYABLE_TYPES,
     ),
 }
@@ -71,6 +72,13 @@ def parse_job(raw: Any) -> S3BatchInput:
     """
     if isinstance(raw, S3BatchInput):
         return raw
+    if raw is None:
+        raise ApplicationError(
+            "invalid job input: input: no input given; pass the job as JSON, e.g. "
+            '{"bucket": "incoming", "output_bucket": "processed"}',
+            type=INVALID_INPUT,
+            non_retryable=True,
+        )
     try:
         return S3BatchInput.model_validate(raw)
     except ValidationError as err:
@@ -81,13 +89,28 @@ def parse_job(raw: Any) -> S3BatchInput:
         ) from None
 
 
+def parse_state(raw: Any) -> JobState:
+    """Validate the state handed over by continue-as-new (a second argument nobody else passes)."""
+    if raw is None:
+        return JobState()
+    try:
+        return JobState.model_validate(raw)
+    except ValidationError as err:
+        raise ApplicationError(
+            f"invalid second argument (continue-as-new state): {describe_validation_error(err, what='state')}",
+            type=INVALID_INPUT,
+            non_retryable=True,
+        ) from None
+
+
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:
     @workflow.init
-    def __init__(self, job: Any, state: Any = None) -> None:
+    def __init__(self, job: Any = None, state: Any = None) -> None:
         # The state is read here, not in run(), so an update arriving in a run's first activation
-        # sees (and changes) the state carried over by continue-as-new.
-        self._state = JobState.model_validate(state) if state is not None else JobState()
+        # sees (and changes) the state carried over by continue-as-new. Both arguments default to
+        # None: a missing argument must fail the workflow clearly, not its task (which would hang).
+        self._state = parse_state(state)
         self._job: S3BatchInput | None = None
         self._wake = 0
         """Bumped by every control update, to wake the scheduling loop."""
@@ -102,7 +125,7 @@ class S3BatchWorkflow:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @workflow.run
-    async def run(self, job: Any, state: Any = None) -> S3BatchResult:
+    async def run(self, job: Any = None, state: Any = None) -> S3BatchResult:
         """Process every object under ``bucket/prefix``.
 
         Args:
