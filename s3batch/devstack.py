@@ -52,8 +52,13 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port_block(offsets: list[int], *, start: int = 20000, end: int = 45000) -> int:
-    """A base port such that base + each offset is free on 127.0.0.1."""
+def free_port_block(offsets: list[int], *, start: int = 10000, end: int = 22000) -> int:
+    """A base port such that base + each offset is free on 127.0.0.1.
+
+    The default range keeps base + 10011 (SeaweedFS's admin gRPC port) below 32768, where Linux's
+    ephemeral ports begin: an outgoing connection could otherwise take a port between this check
+    and the server's bind.
+    """
     rng = random.Random(os.getpid() ^ time.time_ns())
     for _ in range(200):
         base = rng.randrange(start, end)
