@@ -157,9 +157,7 @@ class S3BatchWorkflow:
                         break
                     await self._list_next_page()
                     continue
-                # Groups small enough that a run's files spread over all the slots.
-                share = max(1, st.files_per_run // self._limit())
-                group = self._next_group(max(1, min(share, st.files_per_run - started_this_run)))
+                group = self._next_group(max(1, st.files_per_run - started_this_run))
                 for obj in group:
                     self._in_flight[obj.key] = obj
                 started_this_run += len(group)
