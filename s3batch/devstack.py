@@ -191,6 +191,11 @@ class Stack:
             "-admin.ui=false",
             "-webdav=false",
             "-metricsPort=0",
+            # Every bucket is a collection with volumes of its own. Without these, SeaweedFS caps the
+            # volume count at free disk / 1 GiB and a run creating many buckets (the test suite)
+            # hits "No writable volumes". Volumes are sparse files: the cap costs no disk.
+            "-volume.max=2000",
+            "-master.volumeSizeLimitMB=256",
         ]
 
     def start_temporal(self) -> None:

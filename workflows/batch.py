@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
@@ -49,6 +49,8 @@ with workflow.unsafe.imports_passed_through():
         describe_validation_error,
     )
     from s3batch.s3io import INVALID_INPUT, NON_RETRYABLE_TYPES
+
+_M = TypeVar("_M", bound=BaseModel)
 
 LIST_PAGE_SIZE = 500
 MAX_CONCURRENCY = 1_000
@@ -79,25 +81,23 @@ def parse_job(raw: Any) -> S3BatchInput:
             type=INVALID_INPUT,
             non_retryable=True,
         )
-    try:
-        return S3BatchInput.model_validate(raw)
-    except ValidationError as err:
-        raise ApplicationError(
-            f"invalid job input: {describe_validation_error(err, what='input')}",
-            type=INVALID_INPUT,
-            non_retryable=True,
-        ) from None
+    return _validated(S3BatchInput, raw, "job input", "input")
 
 
 def parse_state(raw: Any) -> JobState:
     """Validate the state handed over by continue-as-new (a second argument nobody else passes)."""
     if raw is None:
         return JobState()
+    return _validated(JobState, raw, "second argument (continue-as-new state)", "state")
+
+
+def _validated(model: type[_M], raw: Any, what: str, root: str) -> _M:
+    """``model`` from ``raw``, or a non-retryable ``InvalidInput`` failure naming each bad field."""
     try:
-        return JobState.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as err:
         raise ApplicationError(
-            f"invalid second argument (continue-as-new state): {describe_validation_error(err, what='state')}",
+            f"invalid {what}: {describe_validation_error(err, what=root)}",
             type=INVALID_INPUT,
             non_retryable=True,
         ) from None
