@@ -510,9 +510,15 @@ async def test_compose_worker_processes_a_demo_job_and_drains_on_sigterm(
         assert f"{stack.config.ui_url}/namespaces/default/workflows/{workflow_id}/" in demo.stdout
         handle = client.get_workflow_handle_for(S3BatchWorkflow.run, workflow_id)
 
+        out_prefix = f"out/{workflow_id.removeprefix('demo-')}/"  # as deploy/compose/demo_job.py sets it
+
         async def some_written() -> bool:
+            # A file in flight has committed a part: SIGTERM then interrupts it mid-file.
             progress: Progress = await handle.query(S3BatchWorkflow.progress)
-            return progress.records_written > 0 and progress.files_in_flight > 0
+            return any(
+                s3.list_objects_v2(Bucket=output, Prefix=f"{out_prefix}{key}/part-", MaxKeys=1).get("KeyCount")
+                for key in progress.in_flight
+            )
 
         await wait_for(some_written, 60, "the first chunks of the job", worker_a)
 
