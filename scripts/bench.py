@@ -65,6 +65,8 @@ from temporalio import activity, workflow  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.common import RetryPolicy  # noqa: E402
 
+from s3batch.sample_data import customer_row  # noqa: E402
+
 SRC = "bench-src"
 OUT = "bench-out"
 MB = 1_000_000
@@ -131,11 +133,6 @@ QUICK = Sizes(
 
 # ------------------------------------------------------------------------------------------ data
 
-_FIRST = ("Ada", "Alan", "Grace", "Linus", "Margaret", "Dennis", "Barbara", "Ken", "Frances", "Edsger",
-          "Anne-Marie", "José", "Zoë", "Björn", "Siobhán", "Chidi", "Mei", "Ravi", "Olga", "Kwame")
-_LAST = ("Lovelace", "Turing", "Hopper", "Torvalds", "Hamilton", "Ritchie", "Liskov", "Thompson",
-         "Allen", "Dijkstra", "O'Brien", "Garcia", "Muller", "Nakamura", "Okafor", "Kowalski")
-_COUNTRIES = ("US", "GB", "DE", "FR", "JP", "BR", "IN", "NG", "PL", "ES", "CA", "AU")
 HEADER = b"customer_id,email,name,country,amount,created_at\r\n"
 _MARK = "#ID#"
 
@@ -147,31 +144,11 @@ def _row_templates(count: int = 5_000, seed: int = 7) -> list[tuple[bytes, bytes
     break (all quoted, RFC 4180, CRLF). Every row is valid for ``s3batch.handlers.Customer``.
     """
     rng = random.Random(seed)
-    epoch = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\r\n")
     out = []
     for _ in range(count):
-        first, last = rng.choice(_FIRST), rng.choice(_LAST)
-        shape = rng.random()
-        if shape < 0.01:
-            name = f"{first}\n{last}"
-        elif shape < 0.03:
-            name = f'{first} "{last[:3]}" {last}'
-        elif shape < 0.23:
-            name = f"{last}, {first}"
-        else:
-            name = f"{first} {last}"
-        user = "".join(c for c in f"{first}.{last}".lower() if c.isascii() and (c.isalnum() or c == "."))
-        created = epoch + datetime.timedelta(seconds=rng.randrange(366 * 86_400))
-        writer.writerow([
-            _MARK,
-            f"{user}{_MARK}@example.com",
-            name,
-            rng.choice(_COUNTRIES),
-            f"{rng.randrange(1_000_000) / 100:.2f}",
-            created.isoformat().replace("+00:00", "Z"),
-        ])
+        writer.writerow(customer_row(rng, _MARK, _MARK))
         line = buf.getvalue().encode()
         buf.seek(0)
         buf.truncate()
