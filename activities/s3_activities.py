@@ -48,7 +48,7 @@ from s3batch.s3io import (
     UNKNOWN_HANDLER,
     WORKER_SHUTDOWN,
     S3Client,
-    error_code,
+    is_missing_object,
     open_object,
     raise_s3_error,
 )
@@ -184,7 +184,7 @@ class S3Activities:
                 head = self.s3.head_object(Bucket=req.bucket, Key=key)
                 objects.append(ObjectRef(key=key, etag=_strip_etag(head["ETag"]), size=head["ContentLength"]))
             except ClientError as err:
-                if error_code(err) not in {"404", "NoSuchKey", "NotFound"}:
+                if not is_missing_object(err):
                     raise_s3_error(err, "reading", req.bucket, key)
                 # Gone since: the file activity reports it as NotFound, like any deleted source.
                 objects.append(ObjectRef(key=key, etag="deleted", size=0))
@@ -367,7 +367,7 @@ class _FileJob:
         try:
             head = self.s3.head_object(Bucket=self.req.output_bucket, Key=key)
         except ClientError as err:
-            if error_code(err) in {"404", "NoSuchKey", "NotFound"}:
+            if is_missing_object(err):
                 return None
             raise_s3_error(err, "reading", self.req.output_bucket, key)
         except BotoCoreError as err:

@@ -66,6 +66,11 @@ def error_code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
 
+def is_missing_object(err: ClientError) -> bool:
+    """The error says the object does not exist (HEAD answers a bare 404)."""
+    return error_code(err) in {"404", "NoSuchKey", "NotFound"}
+
+
 def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = None) -> NoReturn:
     """Re-raise an S3 error as an ``ApplicationError`` that says what, where and what to do.
 
