@@ -31,13 +31,13 @@ from s3batch.models import (
     FileResult,
     FinalReportInput,
     JobCheck,
+    JobSpec,
     ListObjectsInput,
     ListObjectsResult,
     ObjectRef,
     ProcessFileInput,
     ProcessGroupInput,
     ReportSegmentInput,
-    S3BatchInput,
     describe_validation_error,
 )
 from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
@@ -106,7 +106,7 @@ class S3Activities:
     # ------------------------------------------------------------------ job checks and listing
 
     @activity.defn(name="s3batch.check_job")
-    def check_job(self, job: S3BatchInput) -> JobCheck:
+    def check_job(self, job: JobSpec) -> JobCheck:
         """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
         missing or unreadable buckets."""
         try:

@@ -42,12 +42,26 @@ def describe_validation_error(err: ValidationError, *, what: str = "record") -> 
 
 
 class _Model(BaseModel):
-    # Unknown fields are an error everywhere: a typo in a job's input must not be silently ignored.
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    """Internal state and messages: checkpoints, heartbeat details, continue-as-new state, activity
+    inputs and results, query answers.
+
+    Unknown fields are kept (``extra="allow"``), not refused: during a rolling upgrade workers of two
+    versions share a running job, and each must read what the other wrote (a field added by the newer
+    version survives a round trip through the older one).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=False)
 
 
-class S3BatchInput(_Model):
-    """Input of ``S3BatchWorkflow``: what to process, where to write it and how."""
+class S3BatchInput(BaseModel):
+    """Input of ``S3BatchWorkflow``: what to process, where to write it and how.
+
+    Strict, unlike the internal models: an unknown field is refused (a typo must not be silently
+    ignored) and values are never coerced (``"chunk_records": true`` or ``"10"`` is an error, not 1
+    or 10).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     bucket: BucketName
     """Source bucket."""
@@ -108,6 +122,17 @@ class S3BatchInput(_Model):
                 "output_bucket or an output_prefix outside the source prefix"
             )
         return self
+
+
+class JobSpec(S3BatchInput):
+    """The job as the workflow hands it to its activities: the same fields, but unknown ones are
+    ignored, so an activity worker of an older version still accepts a job from a newer workflow."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @classmethod
+    def of(cls, job: S3BatchInput) -> JobSpec:
+        return job if isinstance(job, JobSpec) else cls.model_validate(job.model_dump())
 
 
 class ObjectRef(_Model):
@@ -260,7 +285,7 @@ class ReportSegmentInput(_Model):
 
 class FinalReportInput(_Model):
     job_id: str
-    job: S3BatchInput
+    job: JobSpec
     status: JobStatus
     totals: Totals
     segments: int

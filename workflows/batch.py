@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.models import (
         FileResult,
         FinalReportInput,
+        JobSpec,
         JobState,
         JobStatus,
         ListObjectsInput,
@@ -144,7 +145,9 @@ class S3BatchWorkflow:
         st = self._state
         self._update_details()
         if st.run == 0:
-            check = await workflow.execute_activity_method(S3Activities.check_job, spec, **_SHORT_ACTIVITY)
+            check = await workflow.execute_activity_method(
+                S3Activities.check_job, JobSpec.of(spec), **_SHORT_ACTIVITY
+            )
             st.indexed = check.search_attributes or workflow.info().typed_search_attributes.get(sa.SOURCE) is not None
 
         started_this_run = 0
@@ -344,7 +347,9 @@ class S3BatchWorkflow:
             st.report_segments += 1
         st.run += 1
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(args=[spec.model_dump(mode="json"), st.model_dump(mode="json")])
+        # Only the fields the user gave: a worker of an older version, which knows no field added
+        # since, can still read the job.
+        workflow.continue_as_new(args=[spec.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")])
 
     async def _write_report(self, spec: S3BatchInput, status: JobStatus) -> str:
         st = self._state
@@ -352,7 +357,7 @@ class S3BatchWorkflow:
             S3Activities.write_report,
             FinalReportInput(
                 job_id=workflow.info().workflow_id,
-                job=spec,
+                job=JobSpec.of(spec),
                 status=status,
                 totals=st.totals,
                 segments=st.report_segments,
