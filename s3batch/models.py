@@ -182,6 +182,13 @@ class JobState(_Model):
     """Set by the ``pause`` update: no new file starts until ``resume``."""
     max_concurrent_files: int | None = Field(None, ge=1, le=1_000)
     """Set by the ``set_concurrency`` update; overrides the input's ``max_concurrent_files``."""
+    listed_digest: int | None = None
+    """Order-independent digest of every key listed so far (see ``s3batch.accounting``); None for a
+    job started by a release that did not keep it (its books are then checked by counts only)."""
+    done_digest: int | None = None
+    """The same digest over the keys of every file result recorded so far."""
+    last_listed_key: str | None = None
+    """The last key the listing handed out: a redrive of a cancelled job lists on after it."""
 
 
 class JobCheck(_Model):
@@ -292,6 +299,12 @@ class FinalReportInput(_Model):
     """Number of segments flushed by earlier runs."""
     files: list[FileResult]
     """Results of the final run, not yet flushed."""
+    listed_digest: int | None = None
+    """Digest of every key the job listed: the report must hold each of them exactly once."""
+    listing_done: bool = True
+    """False for a job cancelled before its listing ended."""
+    last_listed_key: str | None = None
+    """Where a redrive goes on listing when ``listing_done`` is False."""
 
 
 class Progress(_Model):

@@ -1,0 +1,55 @@
+"""The job's own books: counts and key digests that must add up, checked by the code itself.
+
+A job that loses or repeats a file must fail loudly, never report success. The workflow keeps an
+order-independent digest of every key it listed and of every key it recorded a result for; at the
+end of each run and in the final report they must agree, together with the counts:
+
+    files listed = succeeded + failed + cancelled + pending + in flight
+
+The digest is the sum, modulo 2**63, of the first 8 bytes of each key's SHA-256: adding and removing
+keys commutes, so it can be carried across continue-as-new in one integer, and a dropped file, a
+file processed twice or a file swapped for another changes it (with overwhelming probability).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+ACCOUNTING_ERROR = "AccountingError"
+"""Error type of a job or file whose books do not add up (never retried: it is a bug to report)."""
+
+_MOD = 2**63
+
+
+def key_digest(keys: Iterable[str]) -> int:
+    """Order-independent digest of ``keys`` (a multiset: a key counted twice counts twice)."""
+    total = 0
+    for key in keys:
+        total += int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "big")
+    return total % _MOD
+
+
+def combine(*digests: int) -> int:
+    return sum(digests) % _MOD
+
+
+def report_problems(files: list[dict[str, object]], totals: dict[str, int], listed_digest: int | None) -> list[str]:
+    """What is wrong with a job report's file list, given the job's totals (empty when the books agree).
+
+    Every listed key must be in the report exactly once, and the per-status counts must be the totals.
+    """
+    problems: list[str] = []
+    keys = [str(f.get("key")) for f in files]
+    if len(keys) != totals.get("files_listed"):
+        problems.append(f"the report lists {len(keys)} files, but the job listed {totals.get('files_listed')}")
+    repeated = len(keys) - len(set(keys))
+    if repeated:
+        problems.append(f"{repeated} key(s) appear more than once in the report")
+    for status in ("succeeded", "failed", "cancelled"):
+        counted = sum(1 for f in files if f.get("status") == status)
+        if counted != totals.get(f"files_{status}"):
+            problems.append(f"the report has {counted} {status} files, the totals say {totals.get(f'files_{status}')}")
+    if listed_digest is not None and key_digest(keys) != listed_digest:
+        problems.append("the report's keys are not the keys the job listed")
+    return problems
