@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,19 @@ def buckets(s3: Any) -> tuple[str, str]:
 
 @pytest.fixture
 async def worker(client: Client, task_queue: str) -> AsyncIterator[Worker]:
-    """An in-process worker on this test's task queue."""
+    """An in-process worker on this test's task queue.
+
+    Heartbeats reach the server at least every second whatever the job's heartbeat timeout (the SDK's
+    default is 0.8 x the timeout), so tests that read checkpoints from the server (``s3batch status``,
+    ``watch``) can give jobs a generous heartbeat timeout that a loaded machine never misses.
+    """
     w = Worker(
         client,
         task_queue=task_queue,
         max_concurrent_activities=8,
         activity_executor=ThreadPoolExecutor(8),
+        max_heartbeat_throttle_interval=timedelta(seconds=1),
+        default_heartbeat_throttle_interval=timedelta(seconds=1),
     )
     async with w:
         yield w

@@ -12,6 +12,8 @@ and registered in-process by importing this module.
   such a file fails on every attempt.
 - ``strict_schema``: a chunk handler that validates every row with pydantic and lets the
   ``ValidationError`` escape (a common way of writing an all-or-nothing handler).
+- ``explode_until_fixed``: like ``explode_on_marker`` until a test "deploys the fix" by setting
+  ``BOOM_FIXED`` (in-process workers only); then a passthrough.
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def poison_some(value: dict) -> dict:
 def explode_on_marker(records: Sequence[Record]) -> HandlerResult:
     if any("BOOM" in str(r.value) for r in records):
         raise RuntimeError("this handler cannot process BOOM records")
+    return HandlerResult([r.value for r in records], [])
+
+
+BOOM_FIXED = False
+"""Set by a test to make ``explode_until_fixed`` pass ``BOOM`` records through (the fixed handler)."""
+
+
+@chunk_handler("explode_until_fixed")
+def explode_until_fixed(records: Sequence[Record]) -> HandlerResult:
+    if not BOOM_FIXED and any("BOOM" in str(r.value) for r in records):
+        raise RuntimeError("this handler cannot process BOOM records yet")
     return HandlerResult([r.value for r in records], [])
 
 

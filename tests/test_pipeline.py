@@ -10,22 +10,12 @@ from typing import Any
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
+import tests.fault_handlers as fault_handlers
 from s3batch.models import S3BatchInput, S3BatchResult
+from tests.helpers import read_jsonl, report
 from workflows.batch import S3BatchWorkflow
 
-
-def read_jsonl(s3: Any, bucket: str, prefix: str, kind: str = "part") -> list[Any]:
-    rows: list[Any] = []
-    keys = sorted(
-        o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for o in page.get("Contents", [])
-        if o["Key"].rsplit("/", 1)[-1].startswith(f"{kind}-")
-    )
-    for key in keys:
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        rows.extend(json.loads(line) for line in body.splitlines() if line)
-    return rows
+__all__ = ["read_jsonl"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
 
 
 async def run_job(client: Client, task_queue: str, job: S3BatchInput) -> S3BatchResult:
@@ -55,11 +45,15 @@ async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_qu
     assert result.totals.rejected == 2
 
     rows = read_jsonl(s3, out, "run1/in/customers.csv/")
-    assert [int(r["id"]) for r in rows] == list(range(2500))
-    assert rows[7]["note"] == "quoted, with comma\nand newline 7"
-    assert len(read_jsonl(s3, out, "run1/in/events2.jsonl.gz/")) == 1200
-    rejects = read_jsonl(s3, out, "run1/in/events.jsonl/", "rejects")
-    assert len(rejects) == 1 and rejects[0]["line"] == 1201 and "invalid JSON" in rejects[0]["reason"]
+    notes = [f"quoted, with comma\nand newline {i}" for i in range(2500)]
+    assert rows == [{"id": str(i), "name": f"name {i}", "note": notes[i]} for i in range(2500)]
+    events = [{"n": i} for i in range(1200)]
+    assert read_jsonl(s3, out, "run1/in/events.jsonl/") == events
+    assert read_jsonl(s3, out, "run1/in/events2.jsonl.gz/") == events
+    for name in ("events.jsonl", "events2.jsonl.gz"):
+        [reject] = read_jsonl(s3, out, f"run1/in/{name}/", "rejects")
+        assert reject["line"] == 1201 and "invalid JSON" in reject["reason"]
+    assert read_jsonl(s3, out, "run1/in/customers.csv/", "rejects") == []
 
     report = json.loads(s3.get_object(Bucket=out, Key="run1/_report.json")["Body"].read())
     assert report["status"] == "succeeded"
@@ -126,26 +120,62 @@ async def test_small_files_are_grouped_and_a_bad_one_fails_alone(
 async def test_redrive_processes_only_the_failed_files_and_resumes_their_parts(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets
 ):
+    """``d`` fails at record 25 (its handler cannot process it yet) after committing two chunks of
+    10; the operator deploys a fixed handler and redrives: only ``d`` runs, resuming at record 20."""
     src, out = buckets
-    good = "".join(json.dumps({"n": i}) + "\n" for i in range(30))
+    good = [{"n": i} for i in range(30)]
     for name in ("a", "b", "c"):
-        s3.put_object(Bucket=src, Key=f"rd/{name}.jsonl", Body=good.encode())
-    s3.put_object(Bucket=src, Key="rd/d.data", Body=good.encode())  # unknown extension: fails
-    job = S3BatchInput(bucket=src, prefix="rd/", output_bucket=out, output_prefix="o/", max_failed_files=1)
+        s3.put_object(Bucket=src, Key=f"rd/{name}.jsonl", Body=b"".join(json.dumps(r).encode() + b"\n" for r in good))
+    bad = [*good[:25], {"n": 25, "note": "BOOM"}, *good[26:]]
+    s3.put_object(Bucket=src, Key="rd/d.jsonl", Body=b"".join(json.dumps(r).encode() + b"\n" for r in bad))
+    job = S3BatchInput(
+        bucket=src, prefix="rd/", output_bucket=out, output_prefix="o/", handler="explode_until_fixed",
+        chunk_records=10, max_attempts=1, max_failed_files=1,
+    )
     first = await run_job(client, task_queue, job)
     assert (first.totals.files_succeeded, first.totals.files_failed) == (3, 1)
+    failed = {f["key"]: f for f in report(s3, out, "o/")["files"]}["rd/d.jsonl"]
+    assert failed["status"] == "failed" and failed["error"].startswith("HandlerError: ")
+    assert read_jsonl(s3, out, "o/rd/d.jsonl/") == good[:20], "the failed file must have committed two parts"
 
-    # The operator fixes the file, then redrives: only d is processed, into the same layout.
-    s3.copy_object(Bucket=src, Key="rd/d.jsonl", CopySource={"Bucket": src, "Key": "rd/d.data"})
-    s3.put_object(Bucket=src, Key="rd/d.data", Body=good.encode())
-    redrive = job.model_copy(update={"output_prefix": "o/", "only_failed_of": f"s3://{out}/o/_report.json",
-                                     "format": "jsonl", "max_failed_files": 0})
-    second = await run_job(client, task_queue, redrive)
+    fault_handlers.BOOM_FIXED = True
+    try:
+        redrive = job.model_copy(update={"only_failed_of": f"s3://{out}/o/_report.json", "max_failed_files": 0})
+        second = await run_job(client, task_queue, redrive)
+    finally:
+        fault_handlers.BOOM_FIXED = False
     assert second.totals.files_listed == 1
     assert second.totals.records_written == 30
-    report = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
-    assert [f["key"] for f in report["files"]] == ["rd/d.data"]
-    assert len(read_jsonl(s3, out, "o/rd/d.data/")) == 30
+    [entry] = report(s3, out, "o/")["files"]
+    assert entry["key"] == "rd/d.jsonl" and entry["status"] == "succeeded"
+    assert entry["resumed_from_record"] == 20  # only the chunks it had not committed were processed
+    assert read_jsonl(s3, out, "o/rd/d.jsonl/") == bad
+    for name in ("a", "b", "c"):
+        assert read_jsonl(s3, out, f"o/rd/{name}.jsonl/") == good
+
+
+async def test_rejects_of_a_chunk_are_in_line_order(client: Client, worker: Worker, task_queue: str, s3: Any, buckets):
+    """Parser rejects (wrong field count) and handler rejects (invalid rows) of one chunk, interleaved:
+    the rejects object lists them by line, as the README promises."""
+    src, out = buckets
+    lines = [
+        "customer_id,email,name,country,amount,created_at",
+        "1,not-an-email,Ann,FR,1,2024-01-02T03:04:05Z",  # line 2: handler reject (email)
+        "2,b@example.com,Bob",  # line 3: parser reject (field count)
+        "3,c@example.com,Cid,fr,1,2024-01-02T03:04:05Z",  # line 4: handler reject (country)
+        "4,d@example.com,Dee,FR",  # line 5: parser reject
+        "5,e@example.com,Eve,FR,2.50,2024-01-02T03:04:05Z",  # line 6: written
+    ]
+    s3.put_object(Bucket=src, Key="c/customers.csv", Body=("\n".join(lines) + "\n").encode())
+    result = await run_job(
+        client, task_queue, S3BatchInput(bucket=src, prefix="c/", output_bucket=out, handler="customers")
+    )
+    assert (result.totals.records_written, result.totals.rejected) == (1, 4)
+    rejects = read_jsonl(s3, out, "c/customers.csv/", "rejects")
+    assert [r["line"] for r in rejects] == [2, 3, 4, 5]
+    assert rejects[0]["reason"].startswith("email: ") and rejects[2]["reason"].startswith("country: ")
+    assert rejects[1]["record"] is None and rejects[3]["record"] is None
+    assert [r["customer_id"] for r in read_jsonl(s3, out, "c/customers.csv/")] == [5]
 
 
 async def test_redrive_of_a_missing_report_fails_before_any_file(
