@@ -1,0 +1,178 @@
+"""The previous s3batch release, built from git, for the upgrade tests and the history recorder.
+
+``build_release(ref)`` exports the commit ``ref`` names (``git archive``: no worktree to clean up)
+and installs it, not editable, into a virtual environment of its own with ``python -m venv`` and
+``pip install <dir>``; the release's pyproject pins every dependency. The result is cached under
+``.stack/releases/<commit>-py<version>/`` (git-ignored), so only the first run pays for the install.
+``ReleaseWorker`` runs that release's ``worker.py`` as a real process against the local stack, as
+``tests.procs.WorkerProcess`` runs the current one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PREVIOUS_RELEASE = os.environ.get("S3BATCH_PREVIOUS_RELEASE", "v0.1.0")
+"""The last release whose workers may still be running jobs when this code is deployed. Move it to
+the new tag at each release."""
+
+CACHE = ROOT / ".stack" / "releases"
+
+
+class ReleaseUnavailable(Exception):
+    """git, or the release's tag, is not there (a source tarball, a shallow clone without tags)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    ref: str
+    commit: str
+    src: Path
+    """The release's files, as committed."""
+    python: Path
+    """The interpreter of the release's own virtual environment."""
+    build_seconds: float
+    """Time this call took: the whole build the first time, a cache check afterwards."""
+
+    @property
+    def worker_py(self) -> Path:
+        return self.src / "worker.py"
+
+
+def resolve(ref: str) -> str:
+    """The full commit hash ``ref`` names in this repository."""
+    git = shutil.which("git")
+    if git is None:
+        raise ReleaseUnavailable("git is not installed: it is needed to build the previous release")
+    result = subprocess.run(
+        [git, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ReleaseUnavailable(
+            f"git knows no {ref!r} in {ROOT.name}: clone with tags (`git fetch --tags`), or set "
+            "S3BATCH_PREVIOUS_RELEASE to the last release's tag or commit"
+        )
+    return result.stdout.strip()
+
+
+def build_release(ref: str = PREVIOUS_RELEASE, *, cache: Path = CACHE) -> Release:
+    """The release ``ref``, exported and installed in a virtual environment of its own (cached).
+
+    Raises:
+        ReleaseUnavailable: git or ``ref`` is missing.
+        subprocess.CalledProcessError: the export or the install failed (a real failure).
+    """
+    started = time.monotonic()
+    commit = resolve(ref)
+    home = cache / f"{commit[:12]}-py{sys.version_info.major}{sys.version_info.minor}"
+    done = home / "complete"
+    home.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time per release (parallel test runs), and never a half-built one: a build that
+    # was interrupted has no "complete" marker and is redone from scratch.
+    with open(home.parent / f"{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(home, ignore_errors=True)
+            src, venv = home / "src", home / "venv"
+            src.mkdir(parents=True)
+            _export(commit, src)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+            env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+            install = subprocess.run(
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(src)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if install.returncode != 0:
+                raise subprocess.CalledProcessError(
+                    install.returncode, install.args, install.stdout, install.stderr[-4000:]
+                )
+            done.write_text(f"{ref} {commit}\n")
+    return Release(
+        ref=ref,
+        commit=commit,
+        src=home / "src",
+        python=home / "venv" / "bin" / "python",
+        build_seconds=time.monotonic() - started,
+    )
+
+
+def _export(commit: str, dest: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "release.tar"
+        subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), commit], cwd=ROOT, check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+
+
+class ReleaseWorker:
+    """The release's ``worker.py`` in a subprocess of the release's own Python, with the stack's
+    environment (the current process's) and a log file.
+
+    It runs from the release's files, so ``S3BATCH_HANDLER_MODULES=tests.slow_handlers`` loads that
+    release's own test handlers, never the current ones.
+    """
+
+    def __init__(self, release: Release, task_queue: str, log_dir: Path, name: str, **env: str) -> None:
+        self.release = release
+        self.log_path = log_dir / f"worker-{name}.log"
+        full_env = {
+            **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+            "S3BATCH_TASK_QUEUE": task_queue,
+            "S3BATCH_HANDLER_MODULES": "tests.slow_handlers",
+            "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(release.python), str(release.worker_py)],
+                cwd=release.src,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "worker polling" in self.log():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"release worker exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"release worker not ready after {timeout}s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait(10)
