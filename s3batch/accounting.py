@@ -46,7 +46,7 @@ def report_problems(files: list[dict[str, object]], totals: dict[str, int], list
     repeated = len(keys) - len(set(keys))
     if repeated:
         problems.append(f"{repeated} key(s) appear more than once in the report")
-    for status in ("succeeded", "failed", "cancelled"):
+    for status in ("succeeded", "failed", "cancelled", "not_started"):
         counted = sum(1 for f in files if f.get("status") == status)
         if counted != totals.get(f"files_{status}"):
             problems.append(f"the report has {counted} {status} files, the totals say {totals.get(f'files_{status}')}")

@@ -157,7 +157,8 @@ def job_from_args(args: argparse.Namespace) -> S3BatchInput:
     """
     values = {name: getattr(args, name) for name in S3BatchInput.model_fields if hasattr(args, name)}
     try:
-        return S3BatchInput.model_validate(values)
+        # Flags are text: "--chunk-records 500" is read as a number here (JSON input stays strict).
+        return S3BatchInput.model_validate(values, strict=False)
     except ValidationError as err:
         raise CliError(
             f"invalid job input: {describe_validation_error(err, what='input')}\n"
@@ -974,7 +975,7 @@ async def cmd_report(args: argparse.Namespace) -> int:
     for column in ("records", "written", "rejected", "attempts"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("error", overflow="fold")
-    style = {"succeeded": "green", "failed": "red", "cancelled": "yellow"}
+    style = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "not_started": "dim"}
     for f in report["files"]:
         table.add_row(
             f["key"],
@@ -990,7 +991,7 @@ async def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-REDRIVE_STATUSES = ("failed", "cancelled")
+REDRIVE_STATUSES = ("failed", "cancelled", "not_started")
 """File statuses in a report that a redrive processes again (as the workflow's listing does)."""
 
 
@@ -1075,7 +1076,8 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     if not args.json:
         out.print(
             f"Redriving {len(files)} file(s) of job [bold]{wid}[/] ({counts['failed']} failed, "
-            f"{counts['cancelled']} cancelled) into the same output s3://{job.output_bucket}/{job.output_prefix}"
+            f"{counts['cancelled']} cancelled, {counts['not_started']} not started) into the same output "
+            f"s3://{job.output_bucket}/{job.output_prefix}"
         )
         out.print(f"  original report kept at {copy_uri} (the new job writes {uri} when it ends)")
     return await start_job(

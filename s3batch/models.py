@@ -25,9 +25,10 @@ BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, patte
 
 Format = Literal["auto", "csv", "jsonl"]
 
-FileStatus = Literal["succeeded", "failed", "cancelled"]
+FileStatus = Literal["succeeded", "failed", "cancelled", "not_started"]
 """``cancelled``: the job was cancelled while the file was in flight; it stopped at a chunk boundary
-with its checkpoint, so a later job over the same output resumes it."""
+with its checkpoint, so a later job over the same output resumes it. ``not_started``: the job was
+cancelled before the file started (a redrive of the job processes it)."""
 
 JobStatus = Literal["succeeded", "failed", "cancelled"]
 
@@ -154,6 +155,8 @@ class Totals(_Model):
     files_failed: int = 0
     files_cancelled: int = 0
     """Files in flight when the job was cancelled (stopped at a chunk boundary)."""
+    files_not_started: int = 0
+    """Files listed but never started because the job was cancelled."""
     records: int = 0
     """Records read from the sources (written + rejected)."""
     records_written: int = 0

@@ -330,7 +330,7 @@ async def test_redrive_prints_the_new_job_and_the_kept_report(
     r = await run("s3batch", "redrive", wid, "--id", new_id, "--task-queue", task_queue)
 
     assert r.code == 0, r
-    assert f"Redriving 1 file(s) of job {wid} (1 failed, 0 cancelled)" in r.stdout
+    assert f"Redriving 1 file(s) of job {wid} (1 failed, 0 cancelled, 0 not started)" in r.stdout
     assert f"original report kept at s3://{out}/_report.before-redrive-{new_id}.json" in r.stdout
     assert f"Started job {new_id}" in r.stdout and f"/namespaces/default/workflows/{new_id}" in r.stdout
     # The file still has no known format, so it fails again, alone.

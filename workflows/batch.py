@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.s3_activities import S3Activities
     from s3batch import layout
     from s3batch import search_attributes as sa
+    from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest
     from s3batch.models import (
         FileResult,
         FinalReportInput,
@@ -55,6 +56,11 @@ _M = TypeVar("_M", bound=BaseModel)
 
 LIST_PAGE_SIZE = 500
 MAX_CONCURRENCY = 1_000
+
+# Patches: changes that alter the commands of a running job (see tests/histories/).
+KEEP_REQUEUED_FILES = "keep-requeued-files"
+"""Files of a failed group, put back in ``pending`` while the next page was being listed, are kept
+(v0.1.0 replaced ``pending`` with the new page, dropping them)."""
 
 _SHORT_ACTIVITY = {
     "start_to_close_timeout": timedelta(minutes=5),
@@ -149,6 +155,8 @@ class S3BatchWorkflow:
                 S3Activities.check_job, JobSpec.of(spec), **_SHORT_ACTIVITY
             )
             st.indexed = check.search_attributes or workflow.info().typed_search_attributes.get(sa.SOURCE) is not None
+            # Jobs started by this release keep key digests; older ones are checked by counts only.
+            st.listed_digest = st.done_digest = 0
 
         started_this_run = 0
         while True:
@@ -176,6 +184,7 @@ class S3BatchWorkflow:
                 lambda finished=finished, wake=wake: self._finished != finished or self._wake != wake
             )
 
+        self._check_books()
         if st.pending or not st.listing_done:
             await self._continue_as_new()
         return await self._finish()
@@ -194,11 +203,17 @@ class S3BatchWorkflow:
             # has stopped after its last checkpoint (or finished anyway).
             task.cancel()
         await workflow.wait_condition(lambda: not self._active)
+        # Files that never started are in the report too (a redrive of this job picks them up), and
+        # the listing's position: a redrive lists on after the last key this job saw.
+        for obj in self._state.pending:
+            self._record(_cancelled_result(obj, started=False))
+        self._state.pending = []
         workflow.logger.info(
             "job cancelled: %d file(s) stopped in flight, %d not started",
             self._state.totals.files_cancelled,
-            len(self._state.pending),
+            self._state.totals.files_not_started,
         )
+        self._check_books()
         await self._write_report(spec, "cancelled")
         self._update_details(final="cancelled")
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -217,7 +232,15 @@ class S3BatchWorkflow:
             ),
             **_SHORT_ACTIVITY,
         )
-        st.pending = list(page.objects)
+        if workflow.patched(KEEP_REQUEUED_FILES):
+            # A failed group's files may have been put back while this page was being listed.
+            st.pending.extend(page.objects)
+        else:
+            st.pending = list(page.objects)
+        if page.objects:
+            st.last_listed_key = page.objects[-1].key
+        if st.listed_digest is not None:
+            st.listed_digest = combine(st.listed_digest, key_digest(obj.key for obj in page.objects))
         st.continuation_token = page.next_token
         st.listing_done = page.next_token is None
         st.totals.files_listed += len(page.objects)
@@ -306,10 +329,26 @@ class S3BatchWorkflow:
                 workflow.logger.warning("group of %d files failed (%s); retrying them one by one", len(group), err)
                 self._state.pending[0:0] = group
                 self._state.solo.extend(obj.key for obj in group)
+        keys = {obj.key for obj in group}
         for result in results:
+            if result.key not in keys:
+                raise ApplicationError(
+                    f"accounting error: a result for {result.key!r}, which was not in the group of "
+                    f"{len(group)} file(s) starting with {group[0].key!r}",
+                    type=ACCOUNTING_ERROR,
+                    non_retryable=True,
+                )
+            keys.discard(result.key)
             if result.status == "failed":
                 workflow.logger.warning("file s3://%s/%s failed: %s", spec.bucket, result.key, result.error)
             self._record(result)
+        if results and keys:
+            raise ApplicationError(
+                f"accounting error: no result for {len(keys)} of the {len(group)} file(s) of a group "
+                f"(e.g. {min(keys)!r})",
+                type=ACCOUNTING_ERROR,
+                non_retryable=True,
+            )
         for obj in group:
             del self._in_flight[obj.key]
         self._active -= 1
@@ -322,13 +361,53 @@ class S3BatchWorkflow:
             totals.files_succeeded += 1
         elif result.status == "cancelled":
             totals.files_cancelled += 1
+        elif result.status == "not_started":
+            totals.files_not_started += 1
         else:
             totals.files_failed += 1
         totals.records += result.records
         totals.records_written += result.records_written
         totals.rejected += result.rejected
         totals.bytes_read += result.bytes_read
+        if self._state.done_digest is not None:
+            self._state.done_digest = combine(self._state.done_digest, key_digest([result.key]))
         self._results.append(result)
+
+    def _check_books(self) -> None:
+        """Fail the job loudly when its counts or key digests do not add up (a lost or doubled file).
+
+        files listed = succeeded + failed + cancelled + pending + in flight, and the digest of the
+        listed keys = the digest of the recorded results' keys + that of the pending and in-flight ones.
+        """
+        st = self._state
+        t = st.totals
+        accounted = (
+            t.files_succeeded
+            + t.files_failed
+            + t.files_cancelled
+            + t.files_not_started
+            + len(st.pending)
+            + len(self._in_flight)
+        )
+        problems = []
+        if accounted != t.files_listed:
+            problems.append(
+                f"{t.files_listed} files listed, but {t.files_succeeded} succeeded + {t.files_failed} failed + "
+                f"{t.files_cancelled} cancelled + {t.files_not_started} not started + {len(st.pending)} pending + "
+                f"{len(self._in_flight)} in flight "
+                f"= {accounted}"
+            )
+        if st.listed_digest is not None and st.done_digest is not None:
+            open_keys = key_digest([*(obj.key for obj in st.pending), *self._in_flight])
+            if combine(st.done_digest, open_keys) != st.listed_digest:
+                problems.append("the keys of the recorded results are not the keys listed (a file lost or repeated)")
+        if problems:
+            raise ApplicationError(
+                f"accounting error in run {st.run} of the job: {'; '.join(problems)}. This is a bug in s3batch: "
+                "please report it with the workflow history; no result of this job should be trusted.",
+                type=ACCOUNTING_ERROR,
+                non_retryable=True,
+            )
 
     async def _continue_as_new(self) -> None:
         st = self._state
@@ -353,18 +432,29 @@ class S3BatchWorkflow:
 
     async def _write_report(self, spec: S3BatchInput, status: JobStatus) -> str:
         st = self._state
-        return await workflow.execute_activity_method(
-            S3Activities.write_report,
-            FinalReportInput(
-                job_id=workflow.info().workflow_id,
-                job=JobSpec.of(spec),
-                status=status,
-                totals=st.totals,
-                segments=st.report_segments,
-                files=self._results,
-            ),
-            **_SHORT_ACTIVITY,
-        )
+        try:
+            return await workflow.execute_activity_method(
+                S3Activities.write_report,
+                FinalReportInput(
+                    job_id=workflow.info().workflow_id,
+                    job=JobSpec.of(spec),
+                    status=status,
+                    totals=st.totals,
+                    segments=st.report_segments,
+                    files=self._results,
+                    listed_digest=st.listed_digest,
+                    listing_done=st.listing_done,
+                    last_listed_key=st.last_listed_key,
+                ),
+                **_SHORT_ACTIVITY,
+            )
+        except ActivityError as err:
+            # The report was written but does not hold every listed key exactly once: the job fails
+            # with the report's own error, not as a generic activity failure.
+            cause = err.cause
+            if isinstance(cause, ApplicationError) and cause.type == ACCOUNTING_ERROR:
+                raise ApplicationError(cause.message, type=ACCOUNTING_ERROR, non_retryable=True) from None
+            raise
 
     async def _finish(self) -> S3BatchResult:
         st = self._state
@@ -490,12 +580,15 @@ class S3BatchWorkflow:
         )
 
 
-def _cancelled_result(obj: ObjectRef) -> FileResult:
+def _cancelled_result(obj: ObjectRef, *, started: bool = True) -> FileResult:
     return FileResult(
         key=obj.key,
         etag=obj.etag,
-        status="cancelled",
-        error="job cancelled: stopped at a chunk boundary after its last checkpoint",
+        status="cancelled" if started else "not_started",
+        attempts=1 if started else 0,
+        error="job cancelled: stopped at a chunk boundary after its last checkpoint"
+        if started
+        else "job cancelled before this file started",
     )
 
 
