@@ -57,8 +57,16 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def stop(self, timeout: float = 10) -> None:
+        """End the worker if it still runs: SIGTERM (it drains and exits, and under coverage saves its
+        data), then SIGKILL if it has not exited within ``timeout`` seconds."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGCONT)  # a frozen worker must run to see the SIGTERM
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
 
