@@ -14,7 +14,8 @@ import io
 import json
 import os
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -25,6 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from s3batch import layout
+from s3batch.accounting import ACCOUNTING_ERROR
 from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
 from s3batch.models import (
     Checkpoint,
@@ -45,9 +47,12 @@ from s3batch.s3io import (
     BAD_FILE,
     INVALID_INPUT,
     NON_RETRYABLE_TYPES,
+    OUTPUT_KEY_TOO_LONG,
     UNKNOWN_HANDLER,
     WORKER_SHUTDOWN,
     S3Client,
+    delete_keys,
+    head_pinned,
     is_missing_object,
     open_object,
     raise_s3_error,
@@ -89,6 +94,56 @@ def _any_object(s3: S3Client, bucket: str, prefix: str) -> bool:
 
 def _strip_etag(etag: str) -> str:
     return etag.strip('"')
+
+
+def _list_outputs(s3: S3Client, bucket: str, folder: str) -> dict[str, str]:
+    """The objects directly in the output folder ``folder``, as ``{name: etag}`` (paginated LIST)."""
+    found: dict[str, str] = {}
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+            for item in page.get("Contents", []):
+                name = item["Key"][len(folder) :]
+                if "/" not in name:
+                    found[name] = _strip_etag(item["ETag"])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, folder)
+    return found
+
+
+def _job_cancelled() -> bool:
+    """The activity is being cancelled because the job was (not a worker shutdown, a timeout, ...)."""
+    details = activity.cancellation_details()
+    if details is None:
+        return False
+    other = details.worker_shutdown or details.timed_out or details.paused or details.reset or details.not_found
+    return details.cancel_requested and not other
+
+
+def _failed(item: ProcessFileInput, err: ApplicationError, attempt: int) -> FileResult:
+    return FileResult(
+        key=item.obj.key,
+        etag=item.obj.etag,
+        status="failed",
+        attempts=attempt,
+        error=f"{err.type}: {err.message}",
+    )
+
+
+def _cancelled(item: ProcessFileInput, cp: Checkpoint | None, attempt: int) -> FileResult:
+    """A file of a cancelled group that had not finished, with the counts of its last checkpoint."""
+    cp = cp if cp is not None and cp.etag == item.obj.etag else None
+    return FileResult(
+        key=item.obj.key,
+        etag=item.obj.etag,
+        status="cancelled",
+        records=cp.next_record if cp else 0,
+        records_written=cp.records_written if cp else 0,
+        rejected=cp.rejected if cp else 0,
+        dropped=cp.dropped if cp else 0,
+        chunks=cp.chunk if cp else 0,
+        attempts=attempt,
+        error="job cancelled: stopped at a chunk boundary after its last checkpoint",
+    )
 
 
 class S3Activities:
@@ -203,7 +258,8 @@ class S3Activities:
         details = activity.info().heartbeat_details
         attempt = {"attempt": activity.info().attempt}
         try:
-            return _FileJob(self.s3, req, details[0] if details else None).run()
+            job = _FileJob(self.s3, req, details[0] if details else None)
+            return job.verify(job.run())
         except ApplicationError as err:
             raise ApplicationError(
                 err.message,
@@ -226,33 +282,91 @@ class S3Activities:
     def process_group(self, req: ProcessGroupInput) -> list[FileResult]:
         """Process small objects one after the other. A file that fails for good (changed, missing,
         bad format) is reported failed without failing the group; a transient error fails the
-        attempt, and the retry skips the files already done (their final parts are committed)."""
+        attempt, and the retry skips the files already done (their final parts are committed).
+
+        The group's output is checked with one LIST at the end (see ``_FileJob.verify``). When the
+        job is cancelled meanwhile, the group returns instead of raising: the files it finished as
+        ``succeeded``, the others as ``cancelled`` (with their checkpoint's counts, where they have one).
+        """
         info = activity.info()
         details = info.heartbeat_details
         resume_index = details[1] if len(details) >= 2 and isinstance(details[1], int) else -1
         items = req.items()
-        # One LIST for the whole group: on a first run nothing exists under the files' common output
-        # prefix, and no file needs to look for committed parts of its own.
-        common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
-        fresh = not details and not _any_object(self.s3, req.file.output_bucket, common)
-        results: list[FileResult] = []
+        results: list[FileResult | None] = [None] * len(items)
+        jobs: list[_FileJob | None] = [None] * len(items)
+        try:
+            # One LIST for the whole group: on a first run nothing exists under the files' common
+            # output prefix, and no file needs to look for committed parts of its own.
+            common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
+            fresh = not details and not _any_object(self.s3, req.file.output_bucket, common)
+            for index, item in enumerate(items):
+                hint = details[0] if index == resume_index else None
+                try:
+                    jobs[index] = job = _FileJob(self.s3, item, hint, index, fresh=fresh)
+                    results[index] = job.run()
+                except ApplicationError as err:
+                    if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
+                        raise
+                    results[index] = _failed(item, err, info.attempt)
+            return self._verify_group(items, jobs, results, info.attempt)
+        except (CancelledError, asyncio.CancelledError):
+            if not _job_cancelled():
+                raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
+            return self._cancelled_group(items, jobs, results, info.attempt, details, resume_index)
+
+    def _verify_group(
+        self,
+        items: list[ProcessFileInput],
+        jobs: list[_FileJob | None],
+        results: list[FileResult | None],
+        attempt: int,
+    ) -> list[FileResult]:
+        """Check the output of the group's succeeded files (see ``_FileJob.verify``)."""
+        final: list[FileResult] = []
+        for index, result in enumerate(results):
+            assert result is not None
+            job = jobs[index]
+            if job is not None:
+                try:
+                    result = job.verify(result)
+                except ApplicationError as err:
+                    if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
+                        raise
+                    result = _failed(items[index], err, attempt)
+            final.append(result)
+        return final
+
+    def _cancelled_group(
+        self,
+        items: list[ProcessFileInput],
+        jobs: list[_FileJob | None],
+        results: list[FileResult | None],
+        attempt: int,
+        details: Any,
+        resume_index: int,
+    ) -> list[FileResult]:
+        """The group's results when the job is cancelled: the files it finished (checked like any
+        group), and the others ``cancelled`` with the counts of their last checkpoint."""
         for index, item in enumerate(items):
-            hint = details[0] if index == resume_index else None
-            try:
-                results.append(_FileJob(self.s3, item, hint, index, fresh=fresh).run())
-            except ApplicationError as err:
-                if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
-                    raise
-                results.append(
-                    FileResult(
-                        key=item.obj.key,
-                        etag=item.obj.etag,
-                        status="failed",
-                        attempts=info.attempt,
-                        error=f"{err.type}: {err.message}",
-                    )
-                )
-        return results
+            if results[index] is not None:
+                continue
+            job = jobs[index]
+            cp = job.checkpoint if job is not None else None
+            if cp is None and index == resume_index:
+                with contextlib.suppress(ValidationError):
+                    cp = Checkpoint.model_validate(details[0])
+            if job is not None and cp is not None and cp.done:
+                # The cancellation arrived just after the file's final part was committed.
+                results[index] = job.result(cp)
+            else:
+                results[index] = _cancelled(item, cp, attempt)
+        activity.logger.info(
+            "job cancelled: group of %d files stops (%d finished)",
+            len(items),
+            sum(1 for r in results if r is not None and r.status != "cancelled"),
+        )
+        # The cancellation has been delivered; nothing more is raised into this thread.
+        return self._verify_group(items, jobs, results, attempt)
 
     # ------------------------------------------------------------------ report
 
@@ -345,6 +459,38 @@ class _FileJob:
             chunk_records=req.chunk_records,
             max_record_bytes=req.max_record_bytes,
         )
+        self.dir = layout.file_dir(req.output_prefix, req.obj.key)
+        self._check_key_length()
+        self.checkpoint: Checkpoint | None = None
+        """The last checkpoint this attempt committed or found committed."""
+        self._known: dict[str, tuple[str, Checkpoint]] = {}
+        """Output objects of this file known to be ours: name -> (ETag, the checkpoint stored on it)."""
+        self._source: Any = None
+        self._source_checked = False
+        self._one_to_one: bool | None = None
+        """Every chunk of this attempt came from a handler that accounts for each record it was
+        given (None: no chunk processed)."""
+        self._handed = self._handler_rejects = self._dropped = 0
+        self._free_form = False
+
+    def _check_key_length(self) -> None:
+        """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
+        otherwise it would fail at the first chunk with rejects, after writing parts."""
+        # Records are at least one byte each, and deflate expands at most ~1,032 times.
+        max_records = self.obj.size * (1032 if self.gz else 1) + 1
+        max_chunks = max_records // self.req.chunk_records + 1
+        longest = layout.longest_output_key(self.req.output_prefix, self.obj.key, max_chunks)
+        size = len(longest.encode())
+        if size > layout.MAX_KEY_BYTES:
+            raise ApplicationError(
+                f"the output keys of {self.where} would be up to {size} bytes, over S3's limit of "
+                f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(self.req.output_prefix.encode())} bytes, "
+                f"the source key: {len(layout.encode_key(self.obj.key).encode())} bytes as written, then "
+                f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
+                "Nothing was written for this file.",
+                type=OUTPUT_KEY_TOO_LONG,
+                non_retryable=True,
+            )
 
     # ---------------------------------------------------------------- resume
 
@@ -379,13 +525,17 @@ class _FileJob:
             cp = None
         if cp is None or cp.etag != self.obj.etag or cp.fingerprint != self.fingerprint or cp.chunk != chunk + 1:
             return False
+        self._known[key[len(self.dir) :]] = (_strip_etag(head.get("ETag", "")), cp)
         return cp
 
     def _resume_point(self) -> Checkpoint:
         """The furthest of the heartbeat checkpoint and the last contiguous committed part.
 
         The heartbeat is throttled, so after a crash the parts written since the last heartbeat
-        that reached the server are found by probing part ``n``, ``n+1``... until one is missing.
+        that reached the server are found by probing part ``n``, ``n+1``... until one is missing or
+        was written for another source version or other options. Nothing is deleted here: output
+        that is not this version's is overwritten or removed by ``verify`` once the file is done
+        (and the source confirmed), so a deleted or changed source never costs committed output.
         """
         cp = self._heartbeat_checkpoint()
         if cp is None:
@@ -395,75 +545,149 @@ class _FileJob:
                 fingerprint=self.fingerprint,
                 byte_offset=None if self.gz else 0,
             )
-            if self._fresh or not _any_object(
-                self.s3, self.req.output_bucket, layout.file_dir(self.req.output_prefix, self.obj.key)
-            ):
+            if self._fresh or not _any_object(self.s3, self.req.output_bucket, self.dir):
                 return cp  # a fresh file: nothing to probe (the common case, one request)
         while not cp.done:
             found = self._committed(cp.chunk)
-            if found is None:
-                # Rejects are written just before their part: a crash between the two PUTs of a run
-                # on another source version leaves rejects that this run must not keep.
-                if self._committed(cp.chunk, "rejects") is False:
-                    self._delete_outputs_from(cp.chunk)
+            if not isinstance(found, Checkpoint):
                 break
-            if found is False:
-                # Output left by a run with another source version or options: not ours to keep.
-                self._delete_outputs_from(cp.chunk)
-                break
-            assert isinstance(found, Checkpoint)
             cp = found.model_copy(update={"version_id": cp.version_id or found.version_id})
         return cp
 
-    def _delete_outputs_from(self, chunk: int) -> None:
-        prefix = layout.file_dir(self.req.output_prefix, self.obj.key)
-        stale: list[dict[str, str]] = []
-        try:
-            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.req.output_bucket, Prefix=prefix):
-                for item in page.get("Contents", []):
-                    name = item["Key"][len(prefix) :]
-                    index = layout.output_index(name)
-                    if "/" not in name and index is not None and index >= chunk:
-                        stale.append({"Key": item["Key"]})
-            for start in range(0, len(stale), 1000):
-                self.s3.delete_objects(Bucket=self.req.output_bucket, Delete={"Objects": stale[start : start + 1000]})
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "deleting stale output under", self.req.output_bucket, prefix)
-        activity.logger.info(
-            "removed %d stale output objects of %s from chunk %d", len(stale), self.where, chunk, extra=self.log_extra
-        )
+    def _confirm_source(self) -> None:
+        """Make sure the source still is the listed version (one pinned HEAD, unless a pinned read
+        already succeeded). Raises ``NotFound`` / ``SourceChanged``."""
+        if self._source_checked or (self._source is not None and self._source.checked):
+            return
+        version = self.checkpoint.version_id if self.checkpoint else self.obj.version_id
+        head_pinned(self.s3, self.req.bucket, self.obj.key, etag=self.obj.etag, version_id=version)
+        self._source_checked = True
+
+    def verify(self, result: FileResult) -> FileResult:
+        """Check that the file's output folder holds exactly its parts ``0..n-1`` and the rejects of
+        the chunks that had rejects, all of this source version and these options; remove anything
+        else (left by another version or options, or by an interrupted cleanup).
+
+        The folder is listed (one LIST), except for a file of a group whose output prefix was empty
+        when the group started: there, what this attempt wrote is all there is. An object is this
+        version's when its ETag is the one this attempt wrote or read it with, else when the
+        checkpoint stored on it says so (one HEAD each: parts written by an earlier attempt). A
+        missing or foreign part or rejects object is an ``AccountingError``.
+        """
+        cp = self.checkpoint
+        if result.status != "succeeded" or cp is None:
+            return result
+        if self._fresh:
+            listed = {name: etag for name, (etag, _) in self._known.items()}
+        else:
+            listed = _list_outputs(self.s3, self.req.output_bucket, self.dir)
+        n = cp.chunk
+        expected: set[str] = set()
+        previous_rejected = 0
+        problems: list[str] = []
+        for chunk in range(n):
+            name = layout.part_name(chunk)
+            expected.add(name)
+            part_cp = self._ours(name, chunk, "part", listed.get(name))
+            if part_cp is None:
+                problems.append(f"{name} is {'missing' if name not in listed else 'not of this version'}")
+                continue
+            if part_cp.rejected > previous_rejected:
+                rejects = layout.rejects_name(chunk)
+                expected.add(rejects)
+                if self._ours(rejects, chunk, "rejects", listed.get(rejects)) is None:
+                    problems.append(f"{rejects} is {'missing' if rejects not in listed else 'not of this version'}")
+            previous_rejected = part_cp.rejected
+        if problems:
+            raise ApplicationError(
+                f"accounting error in the output of {self.where} under s3://{self.req.output_bucket}/{self.dir}: "
+                f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version). The output was changed "
+                "while the file was processed, or this is a bug in s3batch; process the file again "
+                "(a redrive) and report it if it repeats.",
+                type=ACCOUNTING_ERROR,
+                non_retryable=True,
+            )
+        stale = sorted(name for name in listed if layout.output_index(name) is not None and name not in expected)
+        if stale:
+            self._confirm_source()
+            delete_keys(self.s3, self.req.output_bucket, [self.dir + name for name in stale])
+            activity.logger.info(
+                "removed %d output objects of %s that were not of this version (e.g. %s)",
+                len(stale),
+                self.where,
+                stale[0],
+                extra=self.log_extra,
+            )
+        return result
+
+    def _ours(self, name: str, chunk: int, kind: str, etag: str | None) -> Checkpoint | None:
+        """The checkpoint of output ``name`` when it is this version's (see ``verify``), else None."""
+        if etag is None:
+            return None
+        known = self._known.get(name)
+        if known is not None and known[0] == etag:
+            return known[1]
+        found = self._committed(chunk, kind)
+        return found if isinstance(found, Checkpoint) else None
 
     # ---------------------------------------------------------------- processing
 
     def run(self) -> FileResult:
         cp = self._resume_point()
+        self.checkpoint = cp
         resumed_from = cp.next_record
         if resumed_from:
             self.metrics.resumes.add(1)
             activity.logger.info(
                 "resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk, extra=self.log_extra
             )
-        if not cp.done:
+        if cp.done:
+            self._confirm_source()  # found complete: still one request pinned to the listed version
+        else:
             cp = self._process_from(cp)
+        self._check_records(cp)
         activity.logger.info(
-            "finished %s: %d records written, %d rejected, %d chunks",
+            "finished %s: %d records written, %d rejected, %d dropped, %d chunks",
             self.where,
             cp.records_written,
             cp.rejected,
+            cp.dropped,
             cp.chunk,
             extra=self.log_extra,
         )
+        return self.result(cp, resumed_from)
+
+    def result(self, cp: Checkpoint, resumed_from: int | None = None) -> FileResult:
+        """The result of the file, complete at ``cp``."""
         return FileResult(
             key=self.obj.key,
             etag=self.obj.etag,
             status="succeeded",
-            records=cp.records_written + cp.rejected,
+            records=cp.next_record,
             records_written=cp.records_written,
             rejected=cp.rejected,
+            dropped=cp.dropped,
             bytes_read=self.obj.size,
             chunks=cp.chunk,
             attempts=self.info.attempt,
-            resumed_from_record=resumed_from,
+            resumed_from_record=cp.next_record if resumed_from is None else resumed_from,
+        )
+
+    def _check_records(self, cp: Checkpoint) -> None:
+        """Records read = written + rejected + dropped, for handlers that account for each record."""
+        if self._one_to_one and cp.next_record != cp.records_written + cp.rejected + cp.dropped:
+            raise self._accounting_error(
+                f"{cp.next_record} records read, but {cp.records_written} written + {cp.rejected} rejected + "
+                f"{cp.dropped} dropped = {cp.records_written + cp.rejected + cp.dropped}"
+            )
+
+    def _accounting_error(self, what: str) -> ApplicationError:
+        return ApplicationError(
+            f"accounting error in {self.where} (handler {self.req.handler!r}): {what}. A handler returning "
+            "HandlerResult(..., dropped=n) must account for every record it is given (outputs + rejects + "
+            "dropped); otherwise this is a bug in s3batch, please report it.",
+            type=ACCOUNTING_ERROR,
+            non_retryable=True,
         )
 
     def _open(self, start: int, window: int = 16 * 1024 * 1024) -> io.BufferedReader:
@@ -507,9 +731,37 @@ class _FileJob:
         return iter(parser), parser
 
     def _process_from(self, cp: Checkpoint) -> Checkpoint:
+        if not self.gz:
+            return self._chunks_from(cp)
+        try:
+            return self._chunks_from(cp)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise self._bad_gzip(err) from None
+
+    def _bad_gzip(self, err: Exception) -> ApplicationError:
+        """A corrupt or truncated ``.gz``: a bad file, not worth retrying. Never quotes its bytes."""
+        at = self._source.position if self._source is not None else 0
+        cp = self.checkpoint
+        records = cp.next_record if cp else 0
+        if isinstance(err, EOFError):
+            what = "is truncated: its gzip stream ends before the end-of-stream marker"
+        elif isinstance(err, zlib.error):
+            what = f"holds corrupt compressed data ({str(err).split(':')[-1].strip()})"
+        elif str(err).startswith("Not a gzipped file"):
+            what = "is not gzip data (it does not start with the gzip signature 1f 8b)"
+        else:
+            what = f"is corrupt gzip ({str(err).split('(')[0].strip()})"
+        return ApplicationError(
+            f"{self.where} {what}, near compressed byte {at} ({records} records committed before). "
+            "Upload it again, or give it a name without '.gz' if it is not compressed; retrying cannot fix it.",
+            type=BAD_FILE,
+            non_retryable=True,
+        )
+
+    def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
         self._version_id = cp.version_id
         req = self.req
-        handler = self.handler
+        handler = self._counted
         sub_batch = min(req.chunk_records, _SUB_BATCH)
         self._beat(cp)
         with contextlib.ExitStack() as stack:
@@ -604,9 +856,11 @@ class _FileJob:
                 "version_id": cp.version_id or self._source.version_id,
                 "records_written": cp.records_written + len(output),
                 "rejected": cp.rejected + len(rejects),
+                "dropped": cp.dropped + self._dropped,
                 "done": done,
             }
         )
+        self._check_chunk(cp, taken, len(output), len(rejects))
         if rejects:
             rejects.sort(key=lambda r: r.line)  # parser and handler rejects, in file order
             body = b"".join(
@@ -615,6 +869,7 @@ class _FileJob:
             self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         body = b"\n".join(output) + b"\n" if output else b""
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
+        self.checkpoint = new
         now = time.monotonic()
         metrics = self.metrics
         metrics.records.add(taken)
@@ -636,9 +891,50 @@ class _FileJob:
         }
         kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
         try:
-            self.s3.put_object(**kwargs)
+            response = self.s3.put_object(**kwargs)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", self.req.output_bucket, key)
+        self._known[key[len(self.dir) :]] = (_strip_etag(response.get("ETag", "")), cp)
+
+    def _counted(self, records: Sequence[Record]) -> HandlerResult:
+        """The job's handler, counting what it was given, rejected and dropped (for ``_check_chunk``)."""
+        result = self.handler(records)
+        self._handed += len(records)
+        self._handler_rejects += len(result.rejects)
+        dropped = getattr(result, "dropped", None)
+        if dropped is None:
+            self._free_form = True
+        else:
+            self._dropped += dropped
+        return result
+
+    def _check_chunk(self, cp: Checkpoint, taken: int, outputs: int, rejects: int) -> None:
+        """Before a chunk is committed: every record read is accounted for.
+
+        Records read = parser rejects + records given to the handler. A handler that reports its
+        ``dropped`` count (record handlers, ``passthrough``, ``customers``) must account for each
+        record it was given: outputs + its rejects + dropped = given. A chunk handler that does not
+        (``dropped`` None: fan-out, aggregation) may emit any number of outputs; only its rejects are
+        checked, at most one per record given.
+        """
+        handed, handler_rejects, dropped, free = self._handed, self._handler_rejects, self._dropped, self._free_form
+        self._handed = self._handler_rejects = self._dropped = 0
+        self._free_form = False
+        parser_rejects = rejects - handler_rejects
+        problem = None
+        if parser_rejects < 0 or parser_rejects + handed != taken:
+            problem = f"{taken} records read, {parser_rejects} rejected by the parser, {handed} given to the handler"
+        elif free:
+            if handler_rejects > handed:
+                problem = f"the handler rejected {handler_rejects} of the {handed} records it was given"
+        elif outputs + handler_rejects + dropped != handed:
+            problem = (
+                f"the handler was given {handed} records but returned {outputs} outputs + {handler_rejects} "
+                f"rejects + {dropped} dropped"
+            )
+        if problem:
+            raise self._accounting_error(f"chunk {cp.chunk} (lines from {cp.line}): {problem}")
+        self._one_to_one = not free and self._one_to_one is not False
 
     def _beat(self, cp: Checkpoint, *, force: bool = False) -> None:
         """Heartbeat ``cp``: always when forced (a committed checkpoint), else at most every

@@ -10,7 +10,8 @@ one with a decorator; the job input names it with ``"handler": "name"``::
         return {**value, "name": value["name"].upper()}
 
 A per-record handler (``@record_handler``) turns each record into one output value; returning
-``None`` drops the record, raising turns it into a reject carrying the error. A chunk handler
+``None`` drops the record (counted as ``dropped`` in the report), raising turns it into a reject
+carrying the error. A chunk handler
 (``@chunk_handler``) gets the whole list and returns a :class:`HandlerResult`; an exception it raises
 fails the attempt (Temporal retries it), so keep it for work that is all-or-nothing.
 
@@ -46,6 +47,11 @@ class HandlerResult(NamedTuple):
     encoded: bool = False
     """The outputs are already JSON-encoded (saves a decode/encode round trip, e.g. with pydantic's
     ``__pydantic_serializer__.to_json``)."""
+    dropped: int | None = None
+    """Records deliberately dropped (no output, no reject). A handler that sets it accounts for every
+    record it was given: ``len(output) + len(rejects) + dropped`` must equal the number of records,
+    or the file fails with ``AccountingError``. None: outputs are not tied to records (fan-out,
+    aggregation); only the rejects are checked (at most one per record)."""
 
 
 ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
@@ -93,7 +99,7 @@ def record_handler(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any]
                     continue
                 if result is not None:
                     output.append(result)
-            return HandlerResult(output, rejects)
+            return HandlerResult(output, rejects, dropped=len(records) - len(output) - len(rejects))
 
         register(name, run_chunk)
         return fn
@@ -126,7 +132,7 @@ def describe_error(err: Exception) -> str:
 @chunk_handler("passthrough")
 def passthrough(records: Sequence[Record]) -> HandlerResult:
     """Each record becomes one JSON object as it is (CSV rows as ``{column: string}``)."""
-    return HandlerResult([r.value for r in records], [])
+    return HandlerResult([r.value for r in records], [], dropped=0)
 
 
 class Customer(BaseModel):
@@ -158,4 +164,4 @@ def customers(records: Sequence[Record]) -> HandlerResult:
             rejects.append(Reject(record.line, describe_error(err), record.value))
             continue
         output.append(_customer_json(customer))
-    return HandlerResult(output, rejects, encoded=True)
+    return HandlerResult(output, rejects, encoded=True, dropped=0)

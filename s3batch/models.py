@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from s3batch import layout
+
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
 """An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
 
@@ -114,13 +116,17 @@ class S3BatchInput(BaseModel):
 
     @model_validator(mode="after")
     def _output_outside_source(self) -> S3BatchInput:
-        # Output keys are output_prefix + source key; if they fall under the source prefix of the
-        # same bucket, the listing would hand the job its own output.
-        if self.bucket == self.output_bucket and (self.output_prefix + self.prefix).startswith(self.prefix):
+        # Every key the job writes (parts, rejects, report, state, write check) must lie outside what
+        # it lists, or the listing would hand the job its own output (or its own write check).
+        if self.bucket != self.output_bucket:
+            return self
+        clashes = layout.keys_listed_by(self.prefix, self.output_prefix)
+        if clashes:
             raise ValueError(
-                f"output_prefix {self.output_prefix!r} writes under the source prefix {self.prefix!r} "
-                f"of bucket {self.bucket!r}, so the job would process its own output; choose another "
-                "output_bucket or an output_prefix outside the source prefix"
+                f"output_prefix {self.output_prefix!r} writes under the source prefix {self.prefix!r} of "
+                f"bucket {self.bucket!r} ({' and '.join(clashes)}), so the job would list what it writes; choose "
+                "another output_bucket, or an output_prefix and prefix that do not overlap (e.g. "
+                "prefix 'exports/' with output_prefix 'processed/')"
             )
         return self
 
@@ -264,6 +270,8 @@ class Checkpoint(_Model):
     """Hash of the options that shape the output; parts written under other options are not reused."""
     records_written: int = 0
     rejected: int = 0
+    dropped: int = 0
+    """Records the handler dropped (a record handler returning None): neither written nor rejected."""
     done: bool = False
     """True on the checkpoint of the final part: the whole file is written."""
 
@@ -275,9 +283,11 @@ class FileResult(_Model):
     etag: str
     status: FileStatus
     records: int = 0
-    """Records read (written + rejected)."""
+    """Records read (written + rejected + dropped, for handlers that account for each record)."""
     records_written: int = 0
     rejected: int = 0
+    dropped: int = 0
+    """Records the handler dropped (a record handler returning None)."""
     bytes_read: int = 0
     chunks: int = 0
     attempts: int = 1

@@ -25,6 +25,8 @@ from botocore.exceptions import (
 from temporalio.exceptions import ApplicationError
 from urllib3.exceptions import ProtocolError
 
+from s3batch.accounting import ACCOUNTING_ERROR
+
 S3Client = Any
 """A boto3 S3 client (boto3 ships no static types for it)."""
 
@@ -39,8 +41,19 @@ S3_ERROR = "S3Error"
 WORKER_SHUTDOWN = "WorkerShutdown"
 
 S3_REFUSED = "S3Refused"
+OUTPUT_KEY_TOO_LONG = "OutputKeyTooLong"
 
-NON_RETRYABLE_TYPES = [SOURCE_CHANGED, NOT_FOUND, ACCESS_DENIED, UNKNOWN_HANDLER, INVALID_INPUT, BAD_FILE, S3_REFUSED]
+NON_RETRYABLE_TYPES = [
+    SOURCE_CHANGED,
+    NOT_FOUND,
+    ACCESS_DENIED,
+    UNKNOWN_HANDLER,
+    INVALID_INPUT,
+    BAD_FILE,
+    S3_REFUSED,
+    OUTPUT_KEY_TOO_LONG,
+    ACCOUNTING_ERROR,
+]
 
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"}
 _DENIED_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
@@ -151,9 +164,28 @@ class RangedReader(io.RawIOBase):
         self._window_end = start
         self._on_bytes = on_bytes
         self._stream_retries = stream_retries
+        self._checked = False
+        """A request pinned to the version has succeeded: the source is as listed."""
 
     def readable(self) -> bool:
         return True
+
+    def _check(self) -> None:
+        head = head_pinned(self._client, self._bucket, self._key, etag=self._etag, version_id=self._version_id)
+        self._checked = True
+        version = head.get("VersionId")
+        if self._version_id is None and version and version != "null":
+            self._version_id = version
+
+    @property
+    def position(self) -> int:
+        """Bytes of the object read so far (from its start)."""
+        return self._pos
+
+    @property
+    def checked(self) -> bool:
+        """Whether a request pinned to the listed version has succeeded (the source is as listed)."""
+        return self._checked
 
     def _open(self) -> None:
         end = min(self._pos + self._window, self._size) - 1
@@ -171,6 +203,7 @@ class RangedReader(io.RawIOBase):
             raise_s3_error(err, "reading", self._bucket, self._key)
         self._body = response["Body"]
         self._window_end = end + 1
+        self._checked = True
         version = response.get("VersionId")
         if self._version_id is None and version and version != "null":
             self._version_id = version  # pin the version this read started on
@@ -182,6 +215,10 @@ class RangedReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         if self._pos >= self._size:
+            if not self._checked:
+                # Nothing left to read (a 0-byte object, or a resume at its end): still one
+                # conditional request, so a deleted or changed source is noticed.
+                self._check()
             return 0
         for attempt in range(self._stream_retries + 1):
             try:
@@ -215,6 +252,39 @@ class RangedReader(io.RawIOBase):
     def close(self) -> None:
         self._close_body()
         super().close()
+
+
+def head_pinned(client: S3Client, bucket: str, key: str, *, etag: str, version_id: str | None = None) -> dict[str, Any]:
+    """HEAD ``bucket/key`` on condition that it still has ``etag`` (and ``version_id``, when given).
+
+    Raises ``NotFound`` when it is gone and ``SourceChanged`` when it was overwritten (non-retryable).
+    """
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "IfMatch": f'"{etag}"'}
+    if version_id:
+        kwargs["VersionId"] = version_id
+    try:
+        return client.head_object(**kwargs)
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "reading", bucket, key)
+
+
+def delete_keys(client: S3Client, bucket: str, keys: list[str]) -> None:
+    """Delete ``keys`` (DeleteObjects, 1,000 a request). A key S3 could not delete (listed under
+    ``Errors`` of an otherwise successful response) fails the call (retryable) naming it."""
+    for start in range(0, len(keys), 1000):
+        batch = keys[start : start + 1000]
+        try:
+            response = client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch]})
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "deleting objects in", bucket, batch[0])
+        errors = response.get("Errors") or []
+        if errors:
+            first = errors[0]
+            raise ApplicationError(
+                f"deleting s3://{bucket}/{first.get('Key')}: {first.get('Code')}: {first.get('Message')} "
+                f"({len(errors)} of {len(batch)} objects not deleted); the attempt is retried",
+                type=S3_ERROR,
+            )
 
 
 def open_object(

@@ -213,6 +213,7 @@ def test_multi_chunk_csv_writes_each_record_once_with_checkpoints(s3: Any, bucke
             "fingerprint": fingerprint,
             "records_written": next_record,
             "rejected": 0,
+            "dropped": 0,
             "done": i == chunks - 1,
         }
     assert sorted(set(checked)) == list(range(1, chunks + 1))
