@@ -12,17 +12,20 @@ import gzip
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from temporalio.exceptions import ApplicationError
+from temporalio.activity import ActivityCancellationDetails
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.s3_activities import S3Activities
 from s3batch import layout
-from s3batch.handlers import HandlerResult, register
-from s3batch.models import Checkpoint, FileResult, ObjectRef, ProcessFileInput
+from s3batch.handlers import HandlerResult, record_handler, register
+from s3batch.models import Checkpoint, FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
 from s3batch.records import Record
+from s3batch.s3io import make_client
 
 OUT_PREFIX = "out/"
 
@@ -567,3 +570,377 @@ def test_rejects_left_without_their_part_by_another_version_are_removed(s3: Any,
     result = Attempt(s3).run(file_input(buckets, obj))
     assert result.rejected == 0
     assert output_keys(s3, out, obj.key) == ["part-00000.jsonl"]
+
+
+# ------------------------------------------------------------------ sources deleted or changed (issue 9.2)
+
+
+def group_input(buckets: tuple[str, str], objs: list[ObjectRef], **options: Any) -> ProcessGroupInput:
+    first = file_input(buckets, objs[0], **options)
+    return ProcessGroupInput(file=first, more=objs[1:])
+
+
+def etags(s3: Any, out: str, key: str) -> dict[str, str]:
+    prefix = layout.file_dir(OUT_PREFIX, key)
+    return {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=out, Prefix=prefix).get("Contents", [])}
+
+
+def redrive_ref(s3: Any, buckets: tuple[str, str], key: str) -> ObjectRef:
+    """The object as a redrive lists it: from a report where ``key`` failed (``_list_failed``)."""
+    src, out = buckets
+    report = {"files": [{"key": key, "status": "failed"}]}
+    s3.put_object(Bucket=out, Key="earlier/_report.json", Body=json.dumps(report).encode())
+    page = ActivityEnvironment().run(
+        S3Activities(s3).list_objects,
+        ListObjectsInput(bucket=src, prefix="", report=f"s3://{out}/earlier/_report.json"),
+    )
+    assert [o.key for o in page.objects] == [key]
+    return page.objects[0]
+
+
+def test_redrive_of_a_deleted_source_fails_as_not_found_and_keeps_its_output(s3: Any, buckets: tuple[str, str]) -> None:
+    # Before: the redrive reported the file succeeded (0 records) and deleted its committed parts.
+    src, out = buckets
+    data, _ = make_jsonl(700)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    first = Attempt(s3, crash_at_chunk=2)
+    first.crash(file_input(buckets, obj, chunk_records=300))
+    before = etags(s3, out, obj.key)
+    assert len(before) == 2
+    s3.delete_object(Bucket=src, Key=obj.key)
+
+    gone = redrive_ref(s3, buckets, obj.key)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, gone, chunk_records=300))
+    assert (info.value.type, info.value.non_retryable) == ("NotFound", True)
+    assert f"s3://{src}/in/e.jsonl" in info.value.message
+    assert etags(s3, out, obj.key) == before, "committed output of a deleted source was changed"
+
+
+@pytest.mark.parametrize("change", ["overwritten", "deleted"])
+def test_zero_byte_source_is_read_pinned_to_its_listed_version(s3: Any, buckets: tuple[str, str], change: str) -> None:
+    # Before: a 0-byte object was never requested, so a change after listing went unnoticed.
+    src, out = buckets
+    obj = upload(s3, src, "in/empty.csv", b"")
+    if change == "overwritten":
+        s3.put_object(Bucket=src, Key=obj.key, Body=b"id\n1\n")
+    else:
+        s3.delete_object(Bucket=src, Key=obj.key)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj))
+    expected = "SourceChanged" if change == "overwritten" else "NotFound"
+    assert (info.value.type, info.value.non_retryable) == (expected, True)
+    assert output_keys(s3, out, obj.key) == []
+
+
+def test_completed_file_of_a_deleted_source_is_not_reported_succeeded(s3: Any, buckets: tuple[str, str]) -> None:
+    # Found complete from its parts: one pinned HEAD still confirms the listed version exists.
+    src, out = buckets
+    data, _ = make_jsonl(100)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    req = file_input(buckets, obj)
+    Attempt(s3).run(req)
+    before = etags(s3, out, obj.key)
+    s3.delete_object(Bucket=src, Key=obj.key)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3, attempt=2).run(req)
+    assert info.value.type == "NotFound"
+    assert etags(s3, out, obj.key) == before
+
+
+# ------------------------------------------------------------------ stale output (issue 9.4)
+
+
+def put_foreign_output(s3: Any, out: str, key: str, chunks: list[int], rejects: list[int]) -> None:
+    """Output objects as another source version of ``key`` writes them (checkpoint with its ETag)."""
+    for chunk in chunks:
+        cp = Checkpoint(etag="0" * 32, fingerprint="old-version", chunk=chunk + 1, next_record=chunk + 1)
+        meta = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
+        s3.put_object(Bucket=out, Key=layout.part_key(OUT_PREFIX, key, chunk), Body=b'{"old": 1}\n', Metadata=meta)
+        if chunk in rejects:
+            s3.put_object(
+                Bucket=out, Key=layout.rejects_key(OUT_PREFIX, key, chunk), Body=b'{"line": 1}\n', Metadata=meta
+            )
+
+
+@pytest.mark.parametrize(
+    ("missing", "heartbeat"),
+    [([0, 1], False), ([2], True)],
+    ids=["cleanup-removed-parts-0-1", "part-2-missing-after-resume"],
+)
+def test_output_after_an_interrupted_cleanup_is_exactly_the_current_version(
+    s3: Any, buckets: tuple[str, str], missing: list[int], heartbeat: bool
+) -> None:
+    # Before: the probe stopped at the first missing part, so parts 3-5 (and rejects) of the old
+    # version survived next to the new version's 3 parts.
+    src, out = buckets
+    key = "in/e.jsonl"
+    put_foreign_output(s3, out, key, [c for c in range(6) if c not in missing], rejects=[1, 4])
+    data = b"".join(b'{"v": 2, "n": %d}\n' % i for i in range(550)) + b"{broken\n"
+    obj = upload(s3, src, key, data)
+    req = file_input(buckets, obj, chunk_records=200)
+    details: list[Any] = []
+    if heartbeat:
+        # This version's attempt 1 committed parts 0-1 and was lost; old parts 3-5 are left (as an
+        # interrupted cleanup of any release leaves them), part 2 is missing.
+        first = Attempt(s3, crash_at_chunk=2)
+        first.crash(req)
+        s3.delete_object(Bucket=out, Key=layout.part_key(OUT_PREFIX, key, 2))
+        put_foreign_output(s3, out, key, [3, 4, 5], rejects=[4])
+        details = [first.heartbeats[-1]]
+    result = Attempt(s3, attempt=2, details=details).run(req)
+
+    parts = ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    assert output_keys(s3, out, key) == [*parts, "rejects-00002.jsonl"]
+    assert part_rows(s3, out, key) == [{"v": 2, "n": i} for i in range(550)]
+    assert [r["line"] for r in read_lines(s3, out, layout.rejects_key(OUT_PREFIX, key, 2))] == [551]
+    assert (result.records, result.records_written, result.rejected, result.chunks) == (551, 550, 1, 3)
+
+
+def test_more_than_1000_stale_output_objects_are_all_removed(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    key = "in/big-history.jsonl"
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda c: put_foreign_output(s3, out, key, [c], rejects=[]), range(1100)))
+    obj = upload(s3, src, key, b'{"n": 1}\n')
+    Attempt(s3).run(file_input(buckets, obj))
+    assert output_keys(s3, out, key) == ["part-00000.jsonl"]
+    assert part_rows(s3, out, key) == [{"n": 1}]
+
+
+# ------------------------------------------------------------------ corrupt gzip (issue 9.8)
+
+BAD_GZIP = {
+    "not-gzip": (b'{"secret": "do-not-log"}\n', "is not gzip data"),
+    "truncated": (gzip.compress(b'{"n": 1}\n' * 5000)[:-40], "is truncated"),
+    "corrupt": (gzip.compress(b'{"n": 1}\n' * 5000)[:30] + b"\xff" * 200, "holds corrupt compressed data"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_GZIP))
+def test_corrupt_gzip_fails_at_once_as_bad_file(s3: Any, buckets: tuple[str, str], kind: str) -> None:
+    # Before: the raw gzip error was retried as transient (about 4 minutes of attempts).
+    src, _ = buckets
+    body, what = BAD_GZIP[kind]
+    obj = upload(s3, src, f"in/{kind}.jsonl.gz", body)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj))
+    err = info.value
+    assert (err.type, err.non_retryable) == ("BadFile", True)
+    assert err.message.startswith(f"s3://{src}/in/{kind}.jsonl.gz {what}")
+    assert "Upload it again" in err.message
+    assert "do-not-log" not in err.message and "secret" not in err.message
+
+
+def test_corrupt_gzip_in_a_group_fails_alone(s3: Any, buckets: tuple[str, str]) -> None:
+    # Before: the raw error escaped the group, which was retried whole, then file by file.
+    src, out = buckets
+    good = upload(s3, src, "g/a.jsonl", b'{"n": 1}\n{"n": 2}\n')
+    bad = upload(s3, src, "g/b.jsonl.gz", BAD_GZIP["truncated"][0])
+    other = upload(s3, src, "g/c.jsonl.gz", gzip.compress(b'{"n": 3}\n'))
+    results = ActivityEnvironment().run(S3Activities(s3).process_group, group_input(buckets, [good, bad, other]))
+    assert [(r.key, r.status, r.records) for r in results] == [
+        ("g/a.jsonl", "succeeded", 2),
+        ("g/b.jsonl.gz", "failed", 0),
+        ("g/c.jsonl.gz", "succeeded", 1),
+    ]
+    assert str(results[1].error).startswith(f"BadFile: s3://{src}/g/b.jsonl.gz is truncated")
+    assert part_rows(s3, out, "g/c.jsonl.gz") == [{"n": 3}]
+
+
+# ------------------------------------------------------------------ output key length (issue 9.12)
+
+
+def test_output_key_over_the_s3_limit_fails_before_anything_is_written(s3: Any, buckets: tuple[str, str]) -> None:
+    # The part keys fit (4 + 1002 + 17 bytes) but a rejects key would not (4 + 1002 + 20). Before: the
+    # file wrote parts 0-1 and failed at the rejects of chunk 2, depending on the data.
+    src, out = buckets
+    key = "kk/" + "/".join(["a" * 198] * 5) + ".json"
+    assert len(key) == 1002
+    body = b"".join(b'{"n": %d}\n' % i for i in range(25)) + b"{bad\n"
+    obj = upload(s3, src, key, body)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj, chunk_records=10))
+    err = info.value
+    assert (err.type, err.non_retryable) == ("OutputKeyTooLong", True)
+    assert "would be up to 1026 bytes, over S3's limit of 1024 bytes" in err.message
+    assert "use a shorter output_prefix" in err.message
+    assert output_keys(s3, out, key) == []
+
+
+# ------------------------------------------------------------------ the file's own books (issue 9.B)
+
+DROPPED = f"drop-odd-{uuid.uuid4().hex[:6]}"
+SHORT = f"short-{uuid.uuid4().hex[:6]}"
+FANOUT = f"fanout-{uuid.uuid4().hex[:6]}"
+
+
+@record_handler(DROPPED)
+def _drop_odd(value: Any) -> Any:
+    if value["n"] == 13:
+        raise ValueError("thirteen")
+    return None if value["n"] % 2 else value
+
+
+def _short(records: Sequence[Record]) -> HandlerResult:
+    # Claims to account for every record, but loses the last one of each chunk.
+    return HandlerResult([r.value for r in records[:-1]], [], dropped=0)
+
+
+def _fanout(records: Sequence[Record]) -> HandlerResult:
+    return HandlerResult([v for r in records for v in (r.value, r.value)], [])
+
+
+register(SHORT, _short, replace=True)
+register(FANOUT, _fanout, replace=True)
+
+
+def test_dropped_records_are_counted_and_the_books_balance(s3: Any, buckets: tuple[str, str]) -> None:
+    # Before: records = written + rejected, so dropped records vanished from the counts.
+    src, out = buckets
+    data, _ = make_jsonl(50)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    result = Attempt(s3).run(file_input(buckets, obj, handler=DROPPED, chunk_records=20))
+    assert (result.records, result.records_written, result.rejected, result.dropped) == (50, 25, 1, 24)
+    assert stored_checkpoint(s3, out, obj.key, 2)["dropped"] == 24  # type: ignore[index]
+    assert [r["n"] for r in part_rows(s3, out, obj.key)] == list(range(0, 50, 2))
+
+
+def test_handler_losing_records_fails_with_accounting_error(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, _ = make_jsonl(30)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3).run(file_input(buckets, obj, handler=SHORT, chunk_records=10))
+    err = info.value
+    assert (err.type, err.non_retryable) == ("AccountingError", True)
+    assert (
+        "chunk 0 (lines from 1): the handler was given 10 records but returned 9 outputs + 0 rejects + 0 dropped"
+    ) in err.message
+    assert output_keys(s3, out, obj.key) == []
+
+
+def test_fan_out_chunk_handler_may_write_more_records_than_it_read(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    data, rows = make_jsonl(30)
+    obj = upload(s3, src, "in/e.jsonl", data)
+    result = Attempt(s3).run(file_input(buckets, obj, handler=FANOUT, chunk_records=10))
+    assert (result.records, result.records_written, result.rejected, result.dropped) == (30, 60, 0, 0)
+    assert part_rows(s3, out, obj.key) == [r for row in rows for r in (row, row)]
+
+
+def test_part_removed_while_the_file_runs_fails_the_file_with_accounting_error(
+    s3: Any, buckets: tuple[str, str]
+) -> None:
+    # Before: the file reported success with part 0 gone.
+    src, out = buckets
+    data, _ = make_jsonl(900)
+    obj = upload(s3, src, "in/e.jsonl", data)
+
+    def remove_part_0(cp: dict[str, Any]) -> None:
+        if cp["chunk"] == 2:
+            s3.delete_object(Bucket=out, Key=layout.part_key(OUT_PREFIX, obj.key, 0))
+
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3, check=remove_part_0).run(file_input(buckets, obj, chunk_records=300))
+    err = info.value
+    assert (err.type, err.non_retryable) == ("AccountingError", True)
+    assert "part-00000.jsonl is missing (expected parts 0-2 of this version)" in err.message
+
+
+def test_part_overwritten_by_another_version_while_the_file_runs_fails_the_file(
+    s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    data, _ = make_jsonl(900)
+    obj = upload(s3, src, "in/e.jsonl", data)
+
+    def overwrite_part_1(cp: dict[str, Any]) -> None:
+        if cp["chunk"] == 3:
+            put_foreign_output(s3, out, obj.key, [1], rejects=[])
+
+    with pytest.raises(ApplicationError) as info:
+        Attempt(s3, check=overwrite_part_1).run(file_input(buckets, obj, chunk_records=300))
+    assert info.value.type == "AccountingError"
+    assert "part-00001.jsonl is not of this version" in info.value.message
+
+
+def test_fresh_small_files_cost_one_get_and_one_put_each(buckets: tuple[str, str], s3: Any) -> None:
+    # The benchmark's case: a fresh group of small files. One LIST for the group, then per file one
+    # GET and one PUT; its output is checked against what it wrote (nothing was there before).
+    src, _ = buckets
+    objs = [upload(s3, src, f"small/f{i}.jsonl", b'{"n": %d}\n' % i) for i in range(10)]
+    counted = make_client()
+    calls: list[str] = []
+    counted.meta.events.register("before-call.s3.*", lambda event_name, **_: calls.append(event_name.split(".")[-1]))
+    results = ActivityEnvironment().run(S3Activities(counted).process_group, group_input(buckets, objs))
+    assert [r.status for r in results] == ["succeeded"] * 10
+    assert sorted(calls) == ["GetObject"] * 10 + ["ListObjectsV2"] + ["PutObject"] * 10
+
+    calls.clear()
+    one = upload(s3, src, "single/f.jsonl", b'{"n": 1}\n')
+    Attempt(counted).run(file_input(buckets, one))
+    # One LIST for committed output before, one GET, one PUT, one LIST to check the output after.
+    assert sorted(calls) == ["GetObject", "ListObjectsV2", "ListObjectsV2", "PutObject"]
+
+
+# ------------------------------------------------------------------ a cancelled group (issue 9)
+
+
+def test_cancelled_group_reports_its_finished_files_as_succeeded(s3: Any, buckets: tuple[str, str]) -> None:
+    # Before: the group raised CancelledError, and the workflow reported all three files cancelled
+    # with 0 records.
+    src, out = buckets
+    a = upload(s3, src, "g/a.jsonl", make_jsonl(5)[0])
+    b = upload(s3, src, "g/b.jsonl", make_jsonl(50)[0])
+    c = upload(s3, src, "g/c.jsonl", make_jsonl(5)[0])
+    env = ActivityEnvironment()
+    beats: list[Any] = []
+
+    def cancel_in_b(*details: Any) -> None:
+        beats.append(details)
+        if details[1:] == (1,) and details[0].chunk == 2:
+            env.cancel()  # delivered once part 1 of b is committed (end of the chunk's shield)
+
+    env.on_heartbeat = cancel_in_b
+    results = env.run(S3Activities(s3).process_group, group_input(buckets, [a, b, c], chunk_records=10))
+    assert [(r.key, r.status, r.records, r.records_written, r.chunks) for r in results] == [
+        ("g/a.jsonl", "succeeded", 5, 5, 1),
+        ("g/b.jsonl", "cancelled", 20, 20, 2),
+        ("g/c.jsonl", "cancelled", 0, 0, 0),
+    ]
+    assert output_keys(s3, out, "g/b.jsonl") == ["part-00000.jsonl", "part-00001.jsonl"]
+    assert output_keys(s3, out, "g/c.jsonl") == []
+
+
+def test_cancel_after_a_files_final_part_reports_it_succeeded(s3: Any, buckets: tuple[str, str]) -> None:
+    src, _ = buckets
+    a = upload(s3, src, "g/a.jsonl", make_jsonl(5)[0])
+    b = upload(s3, src, "g/b.jsonl", make_jsonl(5)[0])
+    env = ActivityEnvironment()
+
+    def cancel_at_end_of_a(*details: Any) -> None:
+        if details[1:] == (0,) and details[0].done:
+            env.cancel()
+
+    env.on_heartbeat = cancel_at_end_of_a
+    results = env.run(S3Activities(s3).process_group, group_input(buckets, [a, b]))
+    assert [(r.key, r.status, r.records) for r in results] == [
+        ("g/a.jsonl", "succeeded", 5),
+        ("g/b.jsonl", "cancelled", 0),
+    ]
+
+
+def test_group_stopped_by_worker_shutdown_is_retried_not_reported(s3: Any, buckets: tuple[str, str]) -> None:
+    # Only a cancellation of the job makes a partial result; any other cancellation is raised.
+    src, _ = buckets
+    a = upload(s3, src, "g/a.jsonl", make_jsonl(30)[0])
+    env = ActivityEnvironment()
+
+    def shutdown(*details: Any) -> None:
+        if details[0].chunk == 1:
+            env.cancel(ActivityCancellationDetails(worker_shutdown=True))
+
+    env.on_heartbeat = shutdown
+    with pytest.raises(CancelledError):
+        env.run(S3Activities(s3).process_group, group_input(buckets, [a, a], chunk_records=10))
