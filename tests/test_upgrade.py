@@ -90,7 +90,7 @@ async def diagnosis(client: Client, handle: WorkflowHandle, workers: list[Any]) 
     """What a stuck job is doing: its last events, pending activities and the workers' log tails."""
     desc = await client.get_workflow_handle(handle.id).describe()
     events = (await client.get_workflow_handle(handle.id).fetch_history()).events
-    lines = [f"run {desc.run_id}: {desc.status}"]
+    lines = [f"run {desc.run_id}: {desc.status.name if desc.status else 'unknown'}"]
     for e in events[-15:]:
         name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
         failure = ""
@@ -104,6 +104,27 @@ async def diagnosis(client: Client, handle: WorkflowHandle, workers: list[Any]) 
     for w in workers:
         lines.append(f"--- {w.log_path.name}\n{w.log()[-2500:]}")
     return "\n".join(lines)
+
+
+async def finish(client: Client, handle: WorkflowHandle, workers: list[Any], timeout: float) -> dict[str, Any]:
+    """The job's result; fails at once, with a diagnosis, when a workflow task fails (a job whose
+    task fails is retried forever: it would only hang until the timeout)."""
+    result = asyncio.ensure_future(handle.result())
+    deadline = time.monotonic() + timeout
+    try:
+        while not result.done():
+            run = await client.get_workflow_handle(handle.id).fetch_history()
+            if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in run.events):
+                why = "a workflow task failed"
+            elif time.monotonic() > deadline:
+                why = f"the job did not finish in {timeout:.0f}s"
+            else:
+                await asyncio.wait([result], timeout=1.0)
+                continue
+            raise AssertionError(f"{why} after the upgrade:\n{await diagnosis(client, handle, workers)}")
+        return result.result()
+    finally:
+        result.cancel()
 
 
 async def wait_for(predicate: Any, timeout: float, what: str, workers: list[Any]) -> Any:
@@ -206,11 +227,7 @@ async def test_previous_release_workers_hand_a_running_job_to_current_workers(
     for w in new:
         w.wait_ready()
 
-    try:
-        result = await asyncio.wait_for(handle.result(), timeout=float(os.environ.get('UPGRADE_TIMEOUT', 180)))
-    except TimeoutError:
-        stuck = await diagnosis(client, handle, new)
-        raise AssertionError(f"the job did not finish after the upgrade:\n{stuck}") from None
+    result = await finish(client, handle, new, timeout=float(os.environ.get("S3BATCH_UPGRADE_TIMEOUT", 180)))
     assert result["status"] == "succeeded", result
     totals = result["totals"]
     assert totals["files_listed"] == totals["files_succeeded"] == len(expected), totals
