@@ -57,6 +57,9 @@ def resolve(ref: str) -> str:
     git = shutil.which("git")
     if git is None:
         raise ReleaseUnavailable("git is not installed: it is needed to build the previous release")
+    inside = subprocess.run([git, "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True, check=False)
+    if inside.returncode != 0:
+        raise ReleaseUnavailable(f"{ROOT.name} is not a git checkout (a source archive?): no history to build from")
     result = subprocess.run(
         [git, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
         cwd=ROOT,

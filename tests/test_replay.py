@@ -21,6 +21,9 @@ from s3batch.plugin import S3BatchPlugin
 
 HISTORIES = Path(__file__).parent / "histories"
 FILES = sorted(HISTORIES.glob("*.json"))
+CLOSED = {
+    f"EVENT_TYPE_WORKFLOW_EXECUTION_{end}" for end in ("COMPLETED", "FAILED", "CANCELED", "CONTINUED_AS_NEW")
+}
 
 
 def test_histories_are_recorded() -> None:
@@ -40,6 +43,9 @@ async def test_recorded_history_replays(path: Path) -> None:
     events = json.loads(text)["events"]
     started = events[0]["workflowExecutionStartedEventAttributes"]
     assert started["workflowType"]["name"] == "S3BatchWorkflow"
+    # A recording whose own tasks failed, or of a job still running, would guard nothing.
+    assert not [e for e in events if e["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_FAILED"], path.name
+    assert events[-1]["eventType"] in CLOSED, f"{path.name} ends with {events[-1]['eventType']}"
     history = WorkflowHistory.from_json(f"replay-{path.stem}", text)
     # Raises (a NondeterminismError, or the failure of the replayed task) if the current code does
     # not issue the same commands as the code that recorded the history.
