@@ -61,6 +61,9 @@ MAX_CONCURRENCY = 1_000
 KEEP_REQUEUED_FILES = "keep-requeued-files"
 """Files of a failed group, put back in ``pending`` while the next page was being listed, are kept
 (v0.1.0 replaced ``pending`` with the new page, dropping them)."""
+REPORT_ON_ANY_CANCEL = "report-on-any-cancel"
+"""A job cancelled while a short activity (listing, check, report segment) is in flight still writes
+its report (v0.1.0 ended without one)."""
 
 _SHORT_ACTIVITY = {
     "start_to_close_timeout": timedelta(minutes=5),
@@ -145,6 +148,13 @@ class S3BatchWorkflow:
             return await self._run(spec)
         except asyncio.CancelledError:
             await self._cancel(spec)
+            raise
+        except ActivityError as err:
+            # Cancelled while a listing page, the check or a report segment was in flight: the
+            # activity's cancellation arrives as an ActivityError. v0.1.0 ended such a job without
+            # its report.
+            if is_cancelled_exception(err) and workflow.patched(REPORT_ON_ANY_CANCEL):
+                await self._cancel(spec)
             raise
 
     async def _run(self, spec: S3BatchInput) -> S3BatchResult:
