@@ -257,6 +257,13 @@ async def test_previous_release_workers_hand_a_running_job_to_current_workers(
         f"{handled_records(count_file)} records handled for {total}: committed chunks were redone"
     )
 
+    # Both releases processed records: the old workers before the deploy, the new ones after it.
+    by_pid: dict[int, int] = {}
+    for line in count_file.read_text().splitlines():
+        pid, n = map(int, line.split())
+        by_pid[pid] = by_pid.get(pid, 0) + n
+    assert sum(by_pid.get(w.proc.pid, 0) for w in old) > 0 and sum(by_pid.get(w.proc.pid, 0) for w in new) > 0, by_pid
+
     # No workflow task failed in any run (a non-determinism or decoding error would show up here),
     # and both releases completed workflow tasks: the new workers replayed the old workers' history.
     runs = await all_runs(client, handle)
