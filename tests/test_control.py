@@ -25,12 +25,12 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in
 from s3batch import layout
 from s3batch.devstack import Stack
 from s3batch.models import Progress, S3BatchInput, S3BatchResult
-from tests.test_cli import run
+from tests.helpers import has_part, make_csv, report, run, wait_for
 from workflows.batch import S3BatchWorkflow
 
-
-def make_csv(rows: int) -> bytes:
-    return ("id,name\n" + "".join(f"{i},n{i}\n" for i in range(rows))).encode()
+HEARTBEAT_TIMEOUT = 20
+"""Generous: the SDK sends a heartbeat every 0.8 x the timeout, so a 2 s timeout failed a file on a
+0.4 s stall of a loaded machine. (The test worker reports checkpoints every second regardless.)"""
 
 
 def upload(s3: Any, bucket: str, files: int, rows: int) -> list[str]:
@@ -49,7 +49,7 @@ def job(src: str, out: str, **kw: Any) -> S3BatchInput:
         "handler": "slow_passthrough",
         "chunk_records": 100,
         "group_max_files": 1,
-        "heartbeat_timeout_seconds": 2,
+        "heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT,
     }
     return S3BatchInput(bucket=src, **{**options, **kw})
 
@@ -65,17 +65,22 @@ async def progress(handle: WorkflowHandle[Any, Any]) -> Progress:
 
 
 async def until(check: Callable[[Progress], bool], handle: WorkflowHandle[Any, Any], timeout: float = 60) -> Progress:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The job's progress once ``check`` holds (queried every 50 ms, at most ``timeout`` seconds)."""
+
+    async def holds() -> Progress | None:
         p = await progress(handle)
-        if check(p):
-            return p
-        assert time.monotonic() < deadline, p
-        await asyncio.sleep(0.05)
+        return p if check(p) else None
+
+    return await wait_for(holds, timeout, f"a progress of {handle.id} that passes the check")
 
 
-def report(s3: Any, bucket: str, prefix: str = "o/") -> dict[str, Any]:
-    return json.loads(s3.get_object(Bucket=bucket, Key=layout.report_key(prefix))["Body"].read())
+async def until_parts(s3: Any, bucket: str, keys: list[str], timeout: float = 60) -> None:
+    """Until every file in ``keys`` has committed at least one part (chunks committed)."""
+    await wait_for(
+        lambda: all(has_part(s3, bucket, layout.file_dir("o/", key)) for key in keys),
+        timeout,
+        f"a committed part of each of {keys}",
+    )
 
 
 async def assert_stays(handle: WorkflowHandle[Any, Any], done: int, seconds: float) -> None:
@@ -115,7 +120,7 @@ async def test_set_concurrency_changes_files_in_flight_and_rejects_bad_values(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ):
     src, out = buckets
-    keys = upload(s3, src, 8, 1_500)
+    keys = upload(s3, src, 10, 1_500)  # 15 chunks of 50 ms: each file in flight ~0.75 s
     handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "conc")
     p = await until(lambda p: p.files_in_flight == 1, handle)
     assert p.max_concurrent_files == 1
@@ -129,6 +134,20 @@ async def test_set_concurrency_changes_files_in_flight_and_rejects_bad_values(
     assert changed.max_concurrent_files == 3
     p = await until(lambda p: p.files_in_flight == 3, handle)
     assert p.max_concurrent_files == 3
+
+    # Lowered: the files in flight finish, no new one starts until fewer than 1 run, and from then
+    # on at most one file is in flight.
+    lowered = await handle.execute_update(S3BatchWorkflow.set_concurrency, 1)
+    assert lowered.max_concurrent_files == 1
+    p = await until(lambda p: p.files_in_flight <= 1, handle)
+    assert p.files_succeeded < len(keys) - 1, "too few files left to see the lower limit at work"
+    seen: list[int] = []
+    while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+        p = await progress(handle)
+        seen.append(p.files_in_flight)
+        assert p.files_in_flight <= 1 and p.max_concurrent_files == 1, p
+        await asyncio.sleep(0.05)
+    assert 1 in seen, "no file was seen in flight after lowering the concurrency"
     result = await handle.result()
     assert result.totals.files_succeeded == len(keys)
 
@@ -141,14 +160,12 @@ async def test_cancel_stops_in_flight_files_and_still_writes_the_report(
     handle = await start(client, task_queue, job(src, out, max_concurrent_files=2), "cancel")
     p = await until(lambda p: p.files_in_flight == 2, handle)
     in_flight = p.in_flight
-    await asyncio.sleep(1.0)  # some chunks committed
+    await until_parts(s3, out, in_flight)
 
-    started = time.monotonic()
     await handle.cancel()
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
     assert isinstance(failure.value.cause, CancelledError)
-    assert time.monotonic() - started < 8, "in-flight files should stop at a chunk boundary, not finish"
     assert (await handle.describe()).status == WorkflowExecutionStatus.CANCELED
 
     rep = report(s3, out)
@@ -158,7 +175,8 @@ async def test_cancel_stops_in_flight_files_and_still_writes_the_report(
     assert sorted(f["key"] for f in rep["files"] if f["status"] == "cancelled") == in_flight
     assert sorted(f["key"] for f in rep["files"] if f["status"] == "not_started") == sorted(set(keys) - set(in_flight))
     assert rep["totals"]["files_not_started"] == 2
-    # Each cancelled file kept its committed parts (a later job resumes from them).
+    # Each cancelled file kept its committed parts (a later job resumes from them), and stopped at a
+    # chunk boundary instead of running to its end (200 parts).
     for key in in_flight:
         listed = s3.list_objects_v2(Bucket=out, Prefix=f"o/{key}/part-")
         assert 0 < listed["KeyCount"] < 200
@@ -174,20 +192,22 @@ async def test_temporal_cli_pauses_resumes_and_sets_concurrency(
     base = ("temporal", "workflow", "update", "execute", "--address", stack.config.temporal_address,
             "--workflow-id", handle.id)
 
-    r = await run(*base, "--name", "pause")
+    r = await run(*base, "--name", "pause", "-o", "json")
     assert r.code == 0, r
-    assert '"paused": true' in r.stdout.replace("\n", " ") or "paused" in r.stdout
+    assert update_result(r.stdout)["paused"] is True, r.stdout
     p = await until(lambda p: p.files_in_flight == 0, handle)
     await assert_stays(handle, p.files_succeeded, 1.0)
 
     bad = await run(*base, "--name", "set_concurrency", "--input", "0")
     assert bad.code != 0 and "concurrency must be" in bad.stdout + bad.stderr
-    r = await run(*base, "--name", "set_concurrency", "--input", "2")
+    r = await run(*base, "--name", "set_concurrency", "--input", "2", "-o", "json")
     assert r.code == 0, r
+    assert update_result(r.stdout)["max_concurrent_files"] == 2, r.stdout
     assert (await progress(handle)).max_concurrent_files == 2
 
-    r = await run(*base, "--name", "resume")
+    r = await run(*base, "--name", "resume", "-o", "json")
     assert r.code == 0, r
+    assert update_result(r.stdout)["paused"] is False, r.stdout
     result = await handle.result()
     assert result.totals.files_succeeded == len(keys)
 
@@ -242,7 +262,7 @@ async def test_s3batch_cancel_then_report_lists_cancelled_files(
     upload(s3, src, 2, 20_000)
     handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "s3cancel")
     p = await until(lambda p: p.files_in_flight == 1, handle)
-    await asyncio.sleep(0.5)
+    await until_parts(s3, out, p.in_flight)
 
     r = await run("s3batch", "cancel", handle.id)
     assert r.code == 0 and "Cancellation requested" in r.stdout, r
@@ -275,10 +295,94 @@ async def test_search_attributes_index_jobs_started_by_s3batch(
                   "--output-prefix", "o/", "--task-queue", task_queue, "--id", wid, "--wait")
     assert r.code == 0, r
     query = f'S3BatchSource="{src}/in/" AND S3BatchStatus="succeeded" AND S3BatchFilesDone=2'
-    deadline = time.monotonic() + 30
-    while not [wf async for wf in client.list_workflows(query) if wf.id == wid]:
-        assert time.monotonic() < deadline, "job not found by its search attributes"
-        await asyncio.sleep(0.5)
+    async def found() -> bool:
+        return bool([wf async for wf in client.list_workflows(query) if wf.id == wid])
+
+    await wait_for(found, 30, f"{wid} listed by its search attributes ({query})", interval=0.5)
     listed = await run("s3batch", "list")
     [row] = [line for line in listed.stdout.splitlines() if wid in line]
     assert f"s3://{src}/in/" in row and "completed" in row
+
+
+def cli_json(stdout: str) -> Any:
+    """The ``-o json`` output of a ``temporal`` command: one JSON document, or one per line."""
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def update_result(stdout: str) -> dict[str, Any]:
+    """The value an update returned, from ``temporal workflow update execute -o json``."""
+    data = cli_json(stdout)
+    return data["result"] if isinstance(data, dict) and "result" in data else data
+
+
+async def test_temporal_cli_queries_cancels_and_lists_jobs_by_status(
+    client: Client, worker: Worker, task_queue: str, stack: Stack, s3: Any, buckets: tuple[str, str]
+):
+    """The README's ``temporal`` CLI paths, through the real binary: ``workflow query --name
+    progress``, ``workflow update execute``, ``workflow cancel`` and ``workflow list --query`` on
+    the ``S3BatchStatus`` values ``paused``, ``cancelled`` and ``failed``."""
+    from s3batch import search_attributes as sa
+
+    assert await sa.ensure_registered(client)
+    src, out = buckets
+    keys = upload(s3, src, 2, 20_000)  # 200 chunks of 50 ms: ~10 s per file
+    s3.put_object(Bucket=src, Key="bad/x.data", Body=b'{"n": 1}\n')  # no known format: fails
+    address = ("--address", stack.config.temporal_address, "--namespace", "default")
+
+    async def start_indexed(spec: S3BatchInput, tag: str) -> WorkflowHandle[Any, S3BatchResult]:
+        # As `s3batch start` does where the attributes exist: the job's source at start.
+        return await client.start_workflow(
+            S3BatchWorkflow.run,
+            spec,
+            id=f"ctl-{tag}-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+            search_attributes=sa.at_start(spec.bucket, spec.prefix),
+        )
+
+    async def listed(status: str, wid: str) -> None:
+        query = f'WorkflowType="S3BatchWorkflow" AND S3BatchStatus="{status}" AND WorkflowId="{wid}"'
+
+        async def found() -> bool:
+            r = await run("temporal", "workflow", "list", *address, "--query", query, "-o", "json")
+            assert r.code == 0, r
+            rows = cli_json(r.stdout) if r.stdout.strip() else []
+            return [row["execution"]["workflowId"] for row in rows] == [wid]
+
+        await wait_for(found, 30, f"temporal workflow list --query '{query}' to list {wid}", interval=0.5)
+
+    handle = await start_indexed(job(src, out, max_concurrent_files=1), "tq")
+    await until(lambda p: p.files_in_flight == 1, handle)
+
+    q = await run("temporal", "workflow", "query", *address, "--workflow-id", handle.id, "--name", "progress",
+                  "-o", "json")
+    assert q.code == 0, q
+    answer = cli_json(q.stdout)
+    answer = answer.get("queryResult", answer)
+    answer = answer[0] if isinstance(answer, list) else answer
+    assert answer["files_listed"] == len(keys) and answer["files_in_flight"] == 1, q.stdout
+    assert answer["in_flight"] == keys[:1] and answer["paused"] is False, q.stdout
+
+    paused = await run("temporal", "workflow", "update", "execute", *address, "--workflow-id", handle.id,
+                       "--name", "pause", "-o", "json")
+    assert paused.code == 0 and update_result(paused.stdout)["paused"] is True, paused
+    await listed("paused", handle.id)
+
+    await until_parts(s3, out, keys[:1])
+    cancelled = await run("temporal", "workflow", "cancel", *address, "--workflow-id", handle.id)
+    assert cancelled.code == 0, cancelled
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    rep = report(s3, out)
+    assert rep["status"] == "cancelled"
+    assert [f["key"] for f in rep["files"] if f["status"] == "cancelled"] == keys[:1], rep["files"]
+    await listed("cancelled", handle.id)
+
+    failing = await start_indexed(S3BatchInput(bucket=src, prefix="bad/", output_bucket=out, output_prefix="f/"), "tf")
+    with pytest.raises(WorkflowFailureError) as failure:
+        await failing.result()
+    assert failure.value.cause.type == "JobFailed"
+    await listed("failed", failing.id)
