@@ -6,71 +6,44 @@ in this process's event loop, so the commands are awaited with asyncio, never bl
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
-import os
-import sys
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
 from s3batch.devstack import Stack
-from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.models import S3BatchResult
-from s3batch.records import Record
 from s3batch.sample_data import customers_csv, gzip_chunks, upload_chunks, upload_samples
+from tests.helpers import run, wait_for
 
-BIN = Path(sys.executable).parent
-SLOW_HANDLER = "test_cli_slow"
+SLOW_HANDLER = "slow_passthrough"
+"""Takes 50 ms per chunk, so a file stays in flight long enough to inspect."""
 
-
-@chunk_handler(SLOW_HANDLER)
-def _slow(records: list[Record]) -> HandlerResult:
-    """Passthrough that takes 50 ms per chunk, so a file stays in flight long enough to inspect."""
-    time.sleep(0.05)
-    return HandlerResult([r.value for r in records], [])
-
-
-class Run(NamedTuple):
-    code: int
-    stdout: str
-    stderr: str
-
-
-async def run(*argv: str, timeout: float = 120) -> Run:
-    """Run an installed executable from the venv's bin without blocking the event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        str(BIN / argv[0]),
-        *argv[1:],
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode is not None
-    return Run(proc.returncode, stdout.decode(), stderr.decode())
+HEARTBEAT_TIMEOUT = "20"
+"""Generous (a 2 s timeout failed files on a 0.4 s stall); the test worker still reports a checkpoint
+to the server every second, which ``s3batch status`` reads."""
 
 
 async def status_until_progress(wid: str, timeout: float = 60) -> dict[str, Any]:
     """Poll ``s3batch status --json`` until an in-flight file has a checkpoint past record 0."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def progressed() -> dict[str, Any] | None:
         r = await run("s3batch", "status", wid, "--json")
         assert r.code == 0, r
         view = json.loads(r.stdout)
         assert view["status"] == "running", view
         if any(f["checkpoint"] and f["checkpoint"]["next_record"] > 0 for f in view["in_flight"]):
             return view
-        assert time.monotonic() < deadline, view
-        await asyncio.sleep(0.3)
+        return None
+
+    return await wait_for(progressed, timeout, f"a checkpoint past record 0 in `s3batch status {wid}`", interval=0.3)
 
 
 def job_id(tag: str) -> str:
@@ -176,7 +149,8 @@ async def test_status_shows_in_flight_checkpoints(
     wid = job_id("status")
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--handler", SLOW_HANDLER,
-        "--chunk-records", "50", "--heartbeat-timeout-seconds", "2", "--task-queue", task_queue, "--id", wid,
+        "--chunk-records", "50", "--heartbeat-timeout-seconds", HEARTBEAT_TIMEOUT, "--task-queue", task_queue,
+        "--id", wid,
     )
     assert started.code == 0, started
 
@@ -214,7 +188,8 @@ async def test_status_names_the_current_file_of_a_group(
     wid = job_id("group")
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--handler", SLOW_HANDLER,
-        "--chunk-records", "50", "--heartbeat-timeout-seconds", "2", "--task-queue", task_queue, "--id", wid,
+        "--chunk-records", "50", "--heartbeat-timeout-seconds", HEARTBEAT_TIMEOUT, "--task-queue", task_queue,
+        "--id", wid,
     )
     assert started.code == 0, started
 

@@ -8,7 +8,6 @@ import contextlib
 import io
 import json
 import re
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.worker import Worker
 
+import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
 from s3batch import layout
 from s3batch.cli import (
     InFlightFile,
@@ -31,8 +31,9 @@ from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.models import Checkpoint, Progress, S3BatchResult
 from s3batch.records import Record
 from s3batch.sample_data import customers_csv, upload_chunks
-from tests.test_cli import SLOW_HANDLER, run
-from tests.test_pipeline import read_jsonl
+from tests.helpers import read_jsonl, run, wait_for
+
+SLOW_HANDLER = "slow_passthrough"
 
 # ------------------------------------------------------------------------------ the screen, unit
 
@@ -163,28 +164,29 @@ async def test_watch_shows_the_file_in_flight_then_the_outcome(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ):
     src, out = buckets
-    # 200 chunks at 50 ms each: about ten seconds in flight. A checkpoint reaches the server at most
-    # every 0.8 x the heartbeat timeout (the SDK throttles heartbeats): 2 s makes it every 1.6 s.
+    # 200 chunks at 50 ms each: about ten seconds in flight. The SDK sends a checkpoint to the server
+    # at most every 0.8 x the heartbeat timeout, but the test worker caps that at one second, so the
+    # timeout can be generous (2 s failed the file on a 0.4 s stall of a loaded machine).
     upload_chunks(s3, src, "in/slow.csv", customers_csv(10_000, seed=11))
     wid = job_id("watch")
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--handler", SLOW_HANDLER,
-        "--chunk-records", "50", "--heartbeat-timeout-seconds", "2", "--task-queue", task_queue, "--id", wid,
+        "--chunk-records", "50", "--heartbeat-timeout-seconds", "20", "--task-queue", task_queue, "--id", wid,
     )
     assert started.code == 0, started
     assert f"s3batch watch {wid}" in started.stdout
     live = asyncio.ensure_future(run("s3batch", "watch", wid, "--interval", "0.3"))
 
-    deadline = time.monotonic() + 60
-    while True:
+    async def past_first_checkpoint() -> tuple[Any, str] | None:
         snap = await run("s3batch", "watch", wid, "--once")
         assert snap.code == 0, snap
         row = next((line for line in snap.stdout.splitlines() if "in/slow.csv" in line), "")
         if re.search(r"\b([1-9]\d?|100)%", row):  # past the first checkpoint (0%)
-            break
+            return snap, row
         assert "Job succeeded" not in snap.stdout, snap  # finished before a checkpoint was seen
-        assert time.monotonic() < deadline, snap
-        await asyncio.sleep(0.3)
+        return None
+
+    snap, row = await wait_for(past_first_checkpoint, 60, f"`s3batch watch {wid} --once` past 0%", interval=0.3)
     assert f"{wid}: running" in snap.stdout and "speed    measuring" in snap.stdout  # one sample: no speed yet
     assert "ETA" in snap.stdout and "kB / 829.5 kB" in row and "━" in row
 
