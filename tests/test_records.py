@@ -251,12 +251,25 @@ def test_csv_huge_line_inside_a_quoted_field_keeps_the_record_boundaries() -> No
     limit = 1024
     data = b'a,b\n1,"opens\n' + b"q" * 5000 + b'",closes\n2,3\n4,"x\n' + b'y"' * 3000 + b'\nz"\n5,6\n'
     records = parse_csv(data, max_line_bytes=limit)
+    # Line 6 ends record 5 for the csv module (text after the closing quote of `"x\ny"`), so `z"` on
+    # line 7 is a record of its own, with one field; an even count of quotes in line 6 says nothing.
     assert records == [
         Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)"),
         Record(4, {"a": "2", "b": "3"}),
         Record(5, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(7, None, "expected 2 fields (as in the header), got 1"),
         Record(8, {"a": "5", "b": "6"}),
     ]
+    # The same record boundaries as the csv module itself, reading everything.
+    reference = csv.reader(io.StringIO(data.decode(), newline=""), strict=True)
+    ends = []
+    with pytest.raises(csv.Error):
+        for _ in range(4):
+            next(reference)
+            ends.append(reference.line_num)
+    assert ends == [1, 3, 4]
+    assert reference.line_num == 6
+    assert [next(reference), next(reference)] == [['z"'], ["5", "6"]]
 
 
 def test_csv_empty_file() -> None:

@@ -1,0 +1,265 @@
+"""Exact JSON numbers on top of orjson: decode lines without rounding, encode values back exactly.
+
+orjson is fast, but it reads every number into a 64-bit integer or a double: an integer beyond
+64 bits becomes a float (``123456789012345678901234567890`` reads as ``1.2345678901234568e+29``),
+``0.1000000000000000055511151231257827`` reads as ``0.1``, ``1e-400`` as ``0.0``, and ``1e400`` is
+refused. Its writer refuses integers beyond 64 bits and nesting deeper than 255 levels. This module
+keeps orjson for the common case and takes a slower exact path only where a value would change.
+
+**The decoding rule.** A JSON number comes back as
+
+- an ``int`` when it is an integer (no fraction, no exponent), whatever its size; beyond 4,300
+  digits (Python's own limit for converting text to ``int``) it is a :class:`~decimal.Decimal`
+  with the same digits;
+- a ``float`` when a double holds it exactly, meaning the shortest text of that double (what
+  ``repr`` and orjson write) denotes the same decimal value: ``1.5``, ``1.50``, ``1e2`` and any
+  number of up to 15 significant digits in the normal range;
+- otherwise a :class:`~decimal.Decimal` with the exact digits (``Decimal('1E+400')``).
+
+Nothing is rounded, clamped or turned into infinity. :func:`encode_json` writes ``Decimal`` and big
+integers with their digits, so a value read by :func:`loads_exact` is written back as the same
+numbers (the text may differ where the value does not: ``1.50`` is written ``1.5``).
+
+**The fast path.** :func:`inexact_positions` finds, in a block of raw bytes, the places where a
+number could lose precision in orjson: a run of 16 or more digits and dots (a long mantissa, or an
+integer beyond 64 bits), or a negative exponent of three or more digits (underflow). Lines without
+such a place are decoded by ``orjson.loads`` alone; the check costs one ``bytes.translate`` and two
+``bytes.rfind`` per block of lines. Lines that have one (digits inside strings included, so the check has
+false positives but no false negatives) and lines orjson refuses go through :func:`loads_exact`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+MAX_DEPTH = 1024
+"""Deepest nesting of arrays and objects that :func:`loads_exact` (orjson) reads."""
+
+_INT64_MIN = -(2**63)
+_UINT64_MAX = 2**64 - 1
+_INT_DIGITS_LIMIT = 4300  # CPython's default int <-> str conversion limit (sys.int_info)
+
+_loads = orjson.loads
+_dumps = orjson.dumps
+_Fragment = orjson.Fragment
+
+
+def _translation() -> bytes:
+    table = bytearray(b" " * 256)
+    for c in b"0123456789.":
+        table[c] = ord("0")
+    table[ord("e")] = table[ord("E")] = ord("e")
+    table[ord("-")] = ord("-")
+    return bytes(table)
+
+
+_NUMBER_CLASSES = _translation()
+_LONG_RUN = b"0" * 16
+_NEG_EXPONENT = b"e-000"
+
+
+def inexact_positions(data: bytes) -> list[int]:
+    """Positions in ``data`` (sorted) where a JSON number may not survive ``orjson.loads`` exactly.
+
+    An empty list means every number in ``data`` decodes exactly with orjson. A position is reported
+    for every run of 16+ digits and dots that is not a 16-19 digit integer orjson holds exactly,
+    and for every ``e-ddd`` exponent after a digit; runs inside JSON strings are reported too (the
+    exact path then finds nothing to change).
+    """
+    # Searched from the end: on this kind of text, bytes.rfind skips ahead much faster than find.
+    t = data.translate(_NUMBER_CLASSES)
+    found: list[int] = []
+    p = t.rfind(_LONG_RUN)
+    while p >= 0:
+        end = p + 16  # the rightmost window of a run ends where the run ends
+        start, floor = p, p - 48
+        while True:  # back to the start of the run, in bounded slices
+            before = t[max(0, floor) : start]
+            start -= len(before) - len(before.rstrip(b"0"))
+            if start > floor or start <= 0:
+                break
+            floor = start - 4096
+        if _run_is_inexact(data, start, end):
+            found.append(start)
+        p = t.rfind(_LONG_RUN, 0, start)
+    p = t.rfind(_NEG_EXPONENT)
+    while p >= 0:
+        if p and t[p - 1] == 48:  # a digit or a dot before the exponent: a number
+            found.append(p)
+        p = t.rfind(_NEG_EXPONENT, 0, p)
+    found.sort()
+    return found
+
+
+def _run_is_inexact(data: bytes, start: int, end: int) -> bool:
+    """Whether the run of digits and dots ``data[start:end]`` (16+ bytes) may lose precision."""
+    length = end - start
+    if length >= 20 or b"." in data[start:end]:
+        return True
+    after = data[end : end + 1]
+    if after in (b"e", b"E"):
+        return True  # a 16-19 digit mantissa
+    before = data[start - 1 : start] if start else b""
+    if before in (b"e", b"E", b"+"):
+        return True  # exponent digits
+    if before == b"-":
+        # Below the 64-bit minimum, or the digits of a negative exponent.
+        return length >= 19 or data[start - 2 : start - 1] in (b"e", b"E")
+    return False  # a 16-19 digit integer: orjson holds up to 2**64 - 1 exactly
+
+
+# A JSON string (skipped as a whole, so digits inside strings are never touched) or a number token
+# standing alone (the lookarounds keep `01` or `1.2.3` from being read as numbers).
+_TOKENS = re.compile(
+    rb'"(?:[^"\\]++|\\.)*+"'
+    rb"|(?<![\w.+-])(-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?)(?![\w.+-])"
+)
+
+
+def _exact_number(token: bytes) -> Any:
+    """The exact value of a number token, or None when orjson reads it exactly."""
+    text = token.decode()
+    if b"." in token or b"e" in token or b"E" in token:
+        as_float = float(text)
+        exact = Decimal(text)
+        if math.isfinite(as_float) and exact == Decimal(repr(as_float)):
+            return None
+        return exact
+    digits = len(text) - (text[0] == "-")
+    if digits < 19:
+        return None
+    if digits > _INT_DIGITS_LIMIT:
+        return Decimal(text)
+    value = int(text)
+    if _INT64_MIN <= value <= _UINT64_MAX:
+        return None
+    return value
+
+
+def loads_exact(raw: bytes) -> Any:
+    """Decode one JSON document, every number exact (see the module docstring for the types).
+
+    Accepts and refuses exactly what ``orjson.loads`` does (syntax, UTF-8, nesting up to
+    :data:`MAX_DEPTH`), except that numbers out of the double range are accepted.
+
+    Raises:
+        orjson.JSONDecodeError: ``raw`` is not JSON.
+    """
+    exact: list[Any] = []
+
+    def substitute(match: re.Match[bytes]) -> bytes:
+        token = match.group(1)
+        if token is None:
+            return match.group(0)
+        value = _exact_number(token)
+        if value is None:
+            return token
+        exact.append(value)
+        # A sentinel orjson reads exactly, and that no other integer of the line can equal: every
+        # 19+ digit integer token is either kept (then it is not in the sentinel range, which
+        # starts at -2**63) or substituted itself.
+        return str(_INT64_MIN + len(exact) - 1).encode()
+
+    replaced = _TOKENS.sub(substitute, raw)
+    if not exact:
+        return _loads(raw)
+    # Invalid for another reason: the error is orjson's for the line with its long numbers replaced
+    # (positions after such a number are shifted; the message names the real problem).
+    return _restore(_loads(replaced), exact)
+
+
+def _restore(value: Any, exact: list[Any]) -> Any:
+    """Replace the sentinels of :func:`loads_exact` by the exact values, without recursion."""
+    low, high = _INT64_MIN, _INT64_MIN + len(exact)
+    if type(value) is int:
+        return exact[value - low] if low <= value < high else value
+    stack = [value]
+    while stack:
+        container = stack.pop()
+        pairs = container.items() if type(container) is dict else enumerate(container)
+        for key, item in pairs:
+            kind = type(item)
+            if kind is int:
+                if low <= item < high:
+                    container[key] = exact[item - low]
+            elif kind is dict or kind is list:
+                stack.append(item)
+    return value
+
+
+# ------------------------------------------------------------------------------------------ encoding
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, Decimal):
+        if obj.is_finite():
+            return _Fragment(str(obj))
+        raise TypeError(f"Decimal {obj} is not a JSON number")
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact JSON for ``value``, exact: the bytes ``orjson.dumps(value)`` gives wherever orjson can
+    encode the value, and beyond that ``Decimal`` and integers beyond 64 bits written with their
+    exact digits and nesting of any depth (orjson stops at 255 levels).
+
+    Raises:
+        TypeError: ``value`` holds something that is not JSON (the message is orjson's), a dict
+            key that is not a string, or a NaN/infinite ``Decimal``.
+    """
+    try:
+        return _dumps(value, default=_default)
+    except TypeError:
+        return _encode_slow(value)
+
+
+_EMIT, _VALUE = 0, 1
+
+
+def _encode_slow(value: Any) -> bytes:
+    """:func:`encode_json` for what orjson refuses: an explicit stack instead of recursion, orjson
+    for every leaf, big integers and Decimals by hand; the same bytes as orjson elsewhere."""
+    out: list[bytes] = []
+    todo: list[tuple[int, Any]] = [(_VALUE, value)]
+    while todo:
+        kind, obj = todo.pop()
+        if kind == _EMIT:
+            out.append(obj)
+            continue
+        if isinstance(obj, dict):
+            if not obj:
+                out.append(b"{}")
+                continue
+            todo.append((_EMIT, b"}"))
+            entries = list(obj.items())
+            for i in range(len(entries) - 1, -1, -1):
+                key, item = entries[i]
+                if not isinstance(key, str):
+                    raise TypeError("Dict key must be str")
+                todo.append((_VALUE, item))
+                todo.append((_EMIT, (b"{" if i == 0 else b",") + _dumps(key) + b":"))
+        elif isinstance(obj, list) or type(obj) is tuple:
+            if not obj:
+                out.append(b"[]")
+                continue
+            todo.append((_EMIT, b"]"))
+            for i in range(len(obj) - 1, -1, -1):
+                todo.append((_VALUE, obj[i]))
+                todo.append((_EMIT, b"[" if i == 0 else b","))
+        elif isinstance(obj, int) and not isinstance(obj, bool) and not _INT64_MIN <= obj <= _UINT64_MAX:
+            out.append(_int_text(int(obj)))
+        else:
+            out.append(_dumps(obj, default=_default))
+    return b"".join(out)
+
+
+def _int_text(value: int) -> bytes:
+    try:
+        return str(value).encode()
+    except ValueError:  # beyond the int -> str digit limit; Decimal converts without one
+        return str(Decimal(value)).encode()
