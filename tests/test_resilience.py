@@ -3,11 +3,8 @@ continue-as-new, and a source object overwritten while it is being read."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,45 +13,15 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
-from s3batch import layout
-from s3batch.models import Checkpoint, S3BatchInput
+from s3batch.models import S3BatchInput
+from s3batch.s3io import WORKER_SHUTDOWN
+from tests.helpers import committed_parts, make_csv, read_jsonl, report, wait_for
 from tests.procs import WorkerProcess
-from tests.test_pipeline import read_jsonl
 from workflows.batch import S3BatchWorkflow
 
+__all__ = ["report"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
+
 pytestmark = pytest.mark.slow
-
-
-def make_csv(rows: int, pad: int = 0) -> bytes:
-    filler = "x" * pad
-    lines = ["id,name,note"] + [f'{i},"name, {i}",{filler}' for i in range(rows)]
-    return ("\n".join(lines) + "\n").encode()
-
-
-def committed_parts(s3: Any, bucket: str, file_prefix: str) -> list[Checkpoint]:
-    """Checkpoints of the contiguous committed parts of one file, in order."""
-    found: list[Checkpoint] = []
-    while True:
-        key = f"{file_prefix}part-{len(found):05d}.jsonl"
-        try:
-            head = s3.head_object(Bucket=bucket, Key=key)
-        except s3.exceptions.ClientError:
-            return found
-        found.append(Checkpoint.model_validate_json(head["Metadata"][layout.CHECKPOINT_METADATA]))
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise TimeoutError("condition not reached in time")
-
-
-def report(s3: Any, bucket: str, prefix: str) -> dict[str, Any]:
-    return json.loads(s3.get_object(Bucket=bucket, Key=layout.report_key(prefix))["Body"].read())
 
 
 def assert_exactly_once(s3: Any, bucket: str, file_prefix: str, rows: int) -> None:
@@ -86,7 +53,7 @@ async def test_sigkill_mid_file_resumes_from_last_committed_chunk(
             id=f"crash-{uuid.uuid4().hex[:8]}",
             task_queue=task_queue,
         )
-        await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 6)
+        await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 6, 60, "6 committed parts")
         first.kill()
         killed_at = time.monotonic()
         at_kill = committed_parts(s3, out, "o/big.csv/")
@@ -137,21 +104,20 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
             id=f"deploy-{uuid.uuid4().hex[:8]}",
             task_queue=task_queue,
         )
-        await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4)
+        await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4, 60, "4 committed parts")
         second = WorkerProcess(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.1")
         second.wait_ready()
-        signalled = time.monotonic()
         first.proc.send_signal(15)
 
-        async def retried() -> bool:
+        async def retried() -> Any:
             desc = await handle.describe()
             pending = desc.raw_description.pending_activities
-            return any(p.attempt >= 2 and p.state == 2 for p in pending)  # STARTED on attempt 2
+            return [p for p in pending if p.attempt >= 2 and p.state == 2]  # STARTED on attempt 2
 
-        while not await retried():
-            assert time.monotonic() - signalled < 10, "the file did not move to the other worker in time"
-            await asyncio.sleep(0.05)
-        handoff = time.monotonic() - signalled
+        [pending] = await wait_for(retried, 60, "attempt 2 of the file running on the other worker")
+        # Handed over by the graceful stop (attempt 1 failed with WorkerShutdown at a chunk boundary),
+        # not by the 30 s heartbeat timeout. How fast it is, is measured by `make bench`.
+        assert pending.last_failure.application_failure_info.type == WORKER_SHUTDOWN, pending.last_failure
         assert first.proc.wait(25) == 0, first.log()
         result = await handle.result()
         assert result.status == "succeeded"
@@ -160,8 +126,6 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
         if second:
             second.stop()
 
-    # Heartbeat timeout is 30 s: a handover this fast can only come from the graceful stop.
-    assert handoff < 5, f"handoff took {handoff:.1f}s"
     entry = report(s3, out, "o/")["files"][0]
     assert entry["attempts"] >= 2
     assert entry["resumed_from_record"] > 0
@@ -199,8 +163,7 @@ async def test_workflow_worker_killed_mid_job_is_replayed_elsewhere(
             progress = await handle.query(S3BatchWorkflow.progress)
             return progress.files_succeeded >= 2
 
-        while not await some_done():
-            await asyncio.sleep(0.1)
+        await wait_for(some_done, 120, "2 files succeeded", interval=0.1)
         first.kill()
         second = WorkerProcess(task_queue, tmp_path, "b")
         second.wait_ready()
@@ -253,7 +216,7 @@ async def test_source_overwritten_mid_file_fails_clearly(
         id=f"changed-{uuid.uuid4().hex[:8]}",
         task_queue=task_queue,
     )
-    await wait_for(lambda: committed_parts(s3, out, "o/big.csv/"))
+    await wait_for(lambda: committed_parts(s3, out, "o/big.csv/"), 60, "a committed part")
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(10))
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
