@@ -36,9 +36,16 @@ from s3batch.devstack import Stack
 from s3batch.models import S3BatchInput
 from tests.fault_handlers import handled_records
 from tests.faultproxy import FaultProxy, Rule
+from tests.helpers import (
+    committed_parts,
+    history_events,
+    make_csv,
+    read_jsonl,
+    report,
+    scheduled_activities,
+    wait_for,
+)
 from tests.procs import WorkerProcess, pause, record_reliability, unpause
-from tests.test_pipeline import read_jsonl
-from tests.test_resilience import committed_parts, make_csv, report, wait_for
 from workflows.batch import S3BatchWorkflow
 
 pytestmark = pytest.mark.slow
@@ -113,23 +120,15 @@ def parts_count(s3: Any, bucket: str, file_prefix: str) -> int:
 
 async def next_part_after(s3: Any, bucket: str, file_prefix: str, count: int, since: float) -> float:
     """Seconds from ``since`` until more than ``count`` parts of the file are committed."""
-    await wait_for(lambda: parts_count(s3, bucket, file_prefix) > count, timeout=120, interval=0.1)
+    await wait_for(
+        lambda: parts_count(s3, bucket, file_prefix) > count, 120, f"part {count + 1} of {file_prefix}", interval=0.1
+    )
     return round(time.monotonic() - since, 1)
 
 
 def resumed_at(worker: WorkerProcess) -> list[int]:
     """Records at which this worker resumed files (from its "resuming ... at record N" log lines)."""
     return [int(n) for n in re.findall(r"resuming \S+ at record (\d+)", worker.log())]
-
-
-async def history_events(client: Client, workflow_id: str) -> list[Any]:
-    """Every event of every run of a workflow (continue-as-new included), oldest run first."""
-    events: list[Any] = []
-    runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
-    for run in sorted(runs, key=lambda r: r.start_time):
-        history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
-        events.extend(history.events)
-    return events
 
 
 def snapshot(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, str]]:
@@ -139,14 +138,6 @@ def snapshot(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, str]]:
         head = s3.head_object(Bucket=bucket, Key=item["Key"])
         found[item["Key"]] = (head["ETag"], head["Metadata"].get(layout.CHECKPOINT_METADATA, ""))
     return found
-
-
-def scheduled_activities(events: list[Any]) -> list[str]:
-    return [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
 
 
 # ------------------------------------------------------------------------------------ 1. SIGKILL x2
@@ -167,14 +158,16 @@ async def test_activity_worker_sigkilled_twice_mid_file(
         job(src, out, chunk_records=chunk, handler="counting_slow", heartbeat_timeout_seconds=5),
         "kill2",
     )
-    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 4)
+    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 4, 60, "4 committed parts")
     a.kill()
     first_kill = time.monotonic()
     committed_1 = committed_parts(s3, out, "o/big.csv/")[-1].next_record
 
     b = workers("b", **env)
     recover_1 = await next_part_after(s3, out, "o/big.csv/", committed_1 // chunk, first_kill)
-    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= committed_1 // chunk + 4)
+    await wait_for(
+        lambda: parts_count(s3, out, "o/big.csv/") >= committed_1 // chunk + 4, 60, "4 more committed parts"
+    )
     b.kill()
     second_kill = time.monotonic()
     committed_2 = committed_parts(s3, out, "o/big.csv/")[-1].next_record
@@ -230,7 +223,11 @@ async def test_workflow_worker_sigkilled_while_continue_as_new_is_due(
     handle = await start(client, task_queue, [spec.model_dump(mode="json"), {"files_per_run": 2}], "wfcan")
 
     # Run 0 has started its 2 files: the continue-as-new is due as soon as they finish.
-    await wait_for(lambda: parts_count(s3, out, "o/f0.csv/") >= 1 and parts_count(s3, out, "o/f1.csv/") >= 1)
+    await wait_for(
+        lambda: parts_count(s3, out, "o/f0.csv/") >= 1 and parts_count(s3, out, "o/f1.csv/") >= 1,
+        60,
+        "a committed part of f0.csv and f1.csv",
+    )
     a.kill()
     killed = time.monotonic()
     b = workers("b", **env)
@@ -239,8 +236,7 @@ async def test_workflow_worker_sigkilled_while_continue_as_new_is_due(
         progress = await client.get_workflow_handle(handle.id).query(S3BatchWorkflow.progress)
         return progress.run >= n and progress.files_in_flight > 0
 
-    while not await in_run(1):
-        await asyncio.sleep(0.1)
+    await wait_for(lambda: in_run(1), 120, "files in flight in run 1 after the kill", interval=0.1)
     recover = round(time.monotonic() - killed, 1)
     # Again, in the next run, with its continue-as-new due.
     b.kill()
@@ -293,7 +289,8 @@ async def test_temporal_server_restarted_mid_job(
         job(src, out, chunk_records=chunk, handler="counting_slow", heartbeat_timeout_seconds=10),
         "tserver",
     )
-    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 3)
+    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 3, 60, "3 committed parts")
+    committed_before = committed_parts(s3, out, "o/big.csv/")[-1].next_record
     stopped = time.monotonic()
     try:
         stack.stop_one("temporal", sig)
@@ -310,14 +307,25 @@ async def test_temporal_server_restarted_mid_job(
     assert a.proc.poll() is None, f"the worker died while the server was away:\n{a.log()[-3000:]}"
     check = output_check(s3, out, "o/big.csv/", rows)
     entry = report(s3, out, "o/")["files"][0]
+    reprocessed = handled_records(counts) - rows
     reliability(
         f"Temporal dev server stopped ({sig.name}) and restarted mid-job, same database",
         **check,
-        reprocessed=handled_records(counts) - rows,
+        reprocessed=reprocessed,
         recover_seconds=recover,
-        notes=f"server down {down_for}s; same worker process reconnected; file attempts {entry['attempts']}",
+        notes=f"server down {down_for}s; same worker process reconnected; file attempts {entry['attempts']}, "
+        f"final one resumed at record {entry['resumed_from_record']}",
     )
     assert_exact(check)
+    # Re-processing is bounded: the attempt running through the outage either finished the file
+    # (nothing done twice), or a new attempt resumed at a committed part no earlier than the parts
+    # committed before the outage, redoing at most the chunk in flight of each earlier attempt.
+    if entry["attempts"] == 1:
+        assert (entry["resumed_from_record"], reprocessed) == (0, 0), entry
+    else:
+        assert entry["resumed_from_record"] >= committed_before, entry
+        assert entry["resumed_from_record"] % chunk == 0, entry
+        assert 0 <= reprocessed <= chunk * (entry["attempts"] - 1), reprocessed
 
 
 # ------------------------------------------------------------------------------------ 4. S3 errors (proxy)
@@ -465,7 +473,8 @@ async def test_s3_server_down_30_seconds_mid_job(
         job(src, out, chunk_records=chunk, handler="counting_slow", heartbeat_timeout_seconds=30),
         "s3down",
     )
-    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 2)
+    await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 2, 60, "2 committed parts")
+    committed_before = committed_parts(s3, out, "o/big.csv/")[-1].next_record
     stopped = time.monotonic()
     try:
         stack.stop_one("s3")  # SeaweedFS may take seconds to exit: count them in the 30 s
@@ -480,15 +489,22 @@ async def test_s3_server_down_30_seconds_mid_job(
     assert result["status"] == "succeeded"
     entry = report(s3, out, "o/")["files"][0]
     check = output_check(s3, out, "o/big.csv/", rows)
+    reprocessed = handled_records(counts) - rows
     reliability(
         "S3 server down ~30 s mid-job, then back (same data dir)",
         **check,
-        reprocessed=handled_records(counts) - rows,
+        reprocessed=reprocessed,
         recover_seconds=recover,
         notes=f"S3 down {down_for}s; default max_attempts=10 (5 gave up ~24 s into an outage); "
         f"{entry['attempts']} attempts, final one resumed at record {entry['resumed_from_record']}",
     )
     assert_exact(check)
+    # The attempt in flight failed on its next S3 call; the attempts during the outage failed before
+    # reading a record; the one after it resumed at a committed part, no earlier than the parts
+    # committed before the outage. Only the chunk in flight when S3 went away is processed twice.
+    assert entry["attempts"] >= 2, entry
+    assert entry["resumed_from_record"] >= committed_before and entry["resumed_from_record"] % chunk == 0, entry
+    assert 0 <= reprocessed <= chunk, reprocessed
 
 
 # ------------------------------------------------------------------------------------ 6. zombie
@@ -517,7 +533,7 @@ async def test_frozen_worker_resumed_after_takeover_cannot_change_the_output(
             job(src, out, chunk_records=chunk, handler="counting_slow", heartbeat_timeout_seconds=5),
             "zombie",
         )
-        await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 3)
+        await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 3, 60, "3 committed parts")
         pause(zombie)
         frozen = time.monotonic()
         frozen_at = committed_parts(s3, out, "o/big.csv/")[-1].chunk
@@ -525,14 +541,18 @@ async def test_frozen_worker_resumed_after_takeover_cannot_change_the_output(
             workers("b", **env)
             recover = await next_part_after(s3, out, "o/big.csv/", frozen_at, frozen)
             # The other worker has rewritten the chunk the zombie was frozen in, and gone beyond.
-            await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= frozen_at + 3)
+            await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= frozen_at + 3, 60, "3 more parts")
             before = snapshot(s3, out, "o/big.csv/")
             resumed = time.time()
         finally:
             unpause(zombie)
         # The zombie finishes the chunk it was frozen in and writes its part, then learns from its
         # next heartbeat that its attempt is gone and is cancelled at its next chunk boundary.
-        await wait_for(lambda: any(e.t >= resumed for e in proxy.entries("PUT", r"/part-\d+\.jsonl$")), timeout=15)
+        await wait_for(
+            lambda: any(e.t >= resumed for e in proxy.entries("PUT", r"/part-\d+\.jsonl$")),
+            15,
+            "a part PUT by the zombie after SIGCONT",
+        )
         result = await handle.result()
         assert result["status"] == "succeeded"
         late_puts = [e.target for e in proxy.entries("PUT", r"/part-\d+\.jsonl$") if e.t >= resumed]
@@ -577,7 +597,7 @@ async def test_source_deleted_mid_job_fails_that_file_clearly(
         ),
         "deleted",
     )
-    await wait_for(lambda: parts_count(s3, out, "o/a-big.csv/") >= 1)
+    await wait_for(lambda: parts_count(s3, out, "o/a-big.csv/") >= 1, 60, "a committed part")
     s3.delete_object(Bucket=src, Key="a-big.csv")
     s3.delete_object(Bucket=src, Key="b-small.csv")
     result = await handle.result()
@@ -932,14 +952,15 @@ async def test_history_and_heartbeats_carry_no_record_contents_or_credentials(
     handle = await start(client, task_queue, [spec.model_dump(mode="json"), {"files_per_run": 2}], "secure")
 
     heartbeats: list[bytes] = []
-    while True:
+
+    async def finished() -> bool:
         desc = await client.get_workflow_handle(handle.id).describe()
         for pending in desc.raw_description.pending_activities:
             if pending.HasField("heartbeat_details"):
                 heartbeats.append(payload_bytes(pending.heartbeat_details))
-        if desc.status != 1:  # RUNNING
-            break
-        await asyncio.sleep(0.05)
+        return desc.status != 1  # RUNNING
+
+    await wait_for(finished, 120, f"{handle.id} to finish (sampling its heartbeats)")
     result = await client.get_workflow_handle(handle.id).result()
     assert result["status"] == "succeeded"
     assert result["totals"]["rejected"] == 2
