@@ -28,6 +28,7 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from s3batch.jsonvalues import encode_json
 from s3batch.models import describe_validation_error
 from s3batch.records import Record
 
@@ -131,8 +132,10 @@ def describe_error(err: Exception) -> str:
 
 @chunk_handler("passthrough")
 def passthrough(records: Sequence[Record]) -> HandlerResult:
-    """Each record becomes one JSON object as it is (CSV rows as ``{column: string}``)."""
-    return HandlerResult([r.value for r in records], [], dropped=0)
+    """Each record becomes one JSON value as it is (CSV rows as ``{column: string}``), written with
+    :func:`~s3batch.jsonvalues.encode_json`: JSON numbers exactly as read (big integers, decimals a
+    double does not hold) and any nesting the parser accepts."""
+    return HandlerResult([encode_json(r.value) for r in records], [], encoded=True, dropped=0)
 
 
 class Customer(BaseModel):

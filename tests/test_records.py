@@ -11,10 +11,13 @@ import io
 import json
 import random
 import tracemalloc
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from s3batch.handlers import get_handler
+from s3batch.jsonvalues import encode_json
 from s3batch.records import (
     CsvParser,
     JsonlParser,
@@ -272,6 +275,123 @@ def test_csv_huge_line_inside_a_quoted_field_keeps_the_record_boundaries() -> No
     assert [next(reference), next(reference)] == [['z"'], ["5", "6"]]
 
 
+def test_csv_over_long_line_with_a_literal_quote_keeps_every_following_row() -> None:
+    # `12"inch` in an unquoted field: the quote is data (the csv module reads it so), so the skipped
+    # line opens no quoted field. An odd quote count used to swallow the rest of the file.
+    limit = 1024
+    long_line = b'1,12"inch ' + b"x" * 3000 + b"\n"
+    rows = b"".join(b"%d,r%d\n" % (i, i) for i in range(2, 7))
+    data = b"a,b\n" + long_line + rows
+    assert parse_csv(data, max_line_bytes=limit) == [
+        Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        *[Record(i + 1, {"a": str(i), "b": f"r{i}"}) for i in range(2, 7)],
+    ]
+    # The same over-long line in a quoted field that it closes, and inside one it keeps open.
+    opens = b'1,"' + b"y" * 3000 + b"\n" + b'more"\n2,r2\n'
+    assert parse_csv(b"a,b\n" + opens, max_line_bytes=limit) == [
+        Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(4, {"a": "2", "b": "r2"}),
+    ]
+    reference = list(csv.reader(io.StringIO((b"a,b\n" + opens).decode(), newline="")))
+    assert reference[2] == ["2", "r2"]
+
+
+def test_csv_record_longer_than_the_limit_in_total_is_a_reject_and_never_held_in_memory() -> None:
+    # A quoted field of many short lines: no line is too long, the record is.
+    limit = 64 * 1024
+    field = b"z" * 50 + b"\n"
+    data = b"a,b\n1,2\n3,\"" + field * 100_000 + b'end"\n4,5\n'
+    tracemalloc.start()
+    try:
+        parser = CsvParser(io.BytesIO(data), max_line_bytes=limit)
+        records = list(parser)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert records == [
+        Record(2, {"a": "1", "b": "2"}),
+        Record(3, None, f"record is longer than max_record_bytes ({limit} bytes)"),
+        Record(100_004, {"a": "4", "b": "5"}),
+    ]
+    assert parser.offset == len(data)
+    assert peak < 3 * 1024 * 1024, peak
+
+
+def test_csv_output_does_not_depend_on_what_ran_before_in_the_process() -> None:
+    # csv.field_size_limit is process-wide: another job (a bigger max_record_bytes) or other code may
+    # have raised or lowered it. The parser's output depends on its input and options alone.
+    limit = 1024
+    quoted = b'"' + b"q" * 600 + b"\n" + b"q" * 600 + b'"'  # 1,203 bytes: too long in total
+    data = b"a,b\n" + b"1," + quoted + b"\n2," + b"w" * 900 + b"\n3,4\n"
+    expected = [
+        Record(2, None, f"record is longer than max_record_bytes ({limit} bytes)"),
+        Record(4, {"a": "2", "b": "w" * 900}),
+        Record(5, {"a": "3", "b": "4"}),
+    ]
+    previous = csv.field_size_limit()
+    try:
+        for field_limit in (previous, 10, 500, 8 * 1024 * 1024):
+            csv.field_size_limit(field_limit)
+            assert parse_csv(data, max_line_bytes=limit) == expected, field_limit
+        parse_csv(b"a\n" + b"v" * 300_000 + b"\n", max_line_bytes=8 * 1024 * 1024)  # a bigger job first
+        assert parse_csv(data, max_line_bytes=limit) == expected
+    finally:
+        csv.field_size_limit(previous)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 4096])
+def test_csv_lone_cr_line_ends_are_read_as_the_csv_module_does(step: int) -> None:
+    # Old spreadsheet exports end lines with CR alone; quoted fields may hold CR, LF and CRLF.
+    data = b'id,note\r1,"a\rb"\r\r2,x\r3,"c\r\nd"\r\n4,"e\nf"\n5,z'
+    reference = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
+    # Reads of `step` bytes at a time: CR/LF pairs and line ends fall on every read boundary.
+    parser = CsvParser(TrickleRaw(data, step))  # type: ignore[arg-type]
+    records, bounds = _walk(parser)
+    assert [r.value for r in records] == reference
+    # A line ends at LF, CRLF or a lone CR; a record's line is the one it starts on.
+    assert [r.line for r in records] == [2, 5, 6, 8, 10]
+    assert bounds == [
+        (data.index(b'b"\r') + 3, 4),
+        (data.index(b"x\r") + 2, 6),
+        (data.index(b'd"\r\n') + 4, 8),
+        (data.index(b'f"\n') + 3, 10),
+        (len(data), 11),
+    ]
+    assert _assert_exact_resume("csv", data, 1024) == 5
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (b"a,a\n", r"columns 1 and 2 of the header row \(line 1\) have the same name"),
+        (b"\nid,name,id,x\n", r"columns 1 and 3 of the header row \(line 2\) have the same name"),
+        (b"a,,c\n", r"column 2 of the header row \(line 1\) has no name"),
+        (b'a,b,""\n', r"column 3 of the header row \(line 1\) has no name"),
+        (b'""\n', r"column 1 of the header row \(line 1\) has no name"),
+    ],
+)
+def test_csv_duplicate_or_empty_column_names_refuse_the_file(header: bytes, message: str) -> None:
+    # `a,a` used to keep one value of two: a column lost without a word.
+    data = header + b"1,2,3\n"
+    parser = CsvParser(io.BytesIO(data))
+    with pytest.raises(ValueError, match=message):
+        iter(parser)  # iter() itself raises: the activity turns it into a non-retryable BadFile
+    with pytest.raises(ValueError, match=message):
+        read_csv_header(io.BytesIO(data))
+
+
+def test_csv_delimiter_must_be_one_plain_ascii_character() -> None:
+    for delimiter in ('"', "\n", "\r", "§", ",,", ""):
+        with pytest.raises(ValueError, match="the delimiter must be one ASCII character"):
+            CsvParser(io.BytesIO(b"a\n"), delimiter=delimiter)
+    assert parse_csv(b'a;b\n1;"x;y"\n', delimiter=";") == [Record(2, {"a": "1", "b": "x;y"})]
+    limit = 100
+    assert parse_csv(b'a;b\n1;"' + b"x;" * 100 + b'"\n2;3\n', delimiter=";", max_line_bytes=limit) == [
+        Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)"),
+        Record(3, {"a": "2", "b": "3"}),
+    ]
+
+
 def test_csv_empty_file() -> None:
     parser = CsvParser(io.BytesIO(b""))
     assert list(parser) == []
@@ -372,6 +492,107 @@ def test_jsonl_empty_file() -> None:
     parser = JsonlParser(io.BytesIO(b""))
     assert list(parser) == []
     assert (parser.offset, parser.line) == (0, 1)
+
+
+def test_jsonl_numbers_pass_through_exactly() -> None:
+    # orjson reads integers beyond 64 bits as doubles: 123456789012345678901234567890 was written
+    # as 1.2345678901234568e+29. Every number now comes back with its value, and is written back so.
+    line = (
+        b'{"id": 123456789012345678901234567890, "neg": -9223372036854775809, "u64": 18446744073709551615, '
+        b'"snowflake": 1460323737035677698, "d": 0.1000000000000000055511151231257827, "big": 1e400, '
+        b'"tiny": 1e-400, "sub": 2.4703282292062328e-324, "f": 1.5, "g": 1.50, "e": 1E2, '
+        b'"in_string": "123456789012345678901234567890", "nested": [[-1e400, {"x": 9999999999999999999999}]]}'
+    )
+    records = parse_jsonl(b'{"a": 1}\n' + line + b"\n")
+    assert records[0] == Record(1, {"a": 1})
+    value = records[1].value
+    assert records[1].line == 2 and records[1].error is None
+    assert value["id"] == 123456789012345678901234567890 and type(value["id"]) is int
+    assert value["neg"] == -9223372036854775809 and type(value["neg"]) is int
+    assert value["u64"] == 2**64 - 1 and value["snowflake"] == 1460323737035677698
+    assert value["d"] == Decimal("0.1000000000000000055511151231257827")
+    assert value["big"] == Decimal("1e400") and value["tiny"] == Decimal("1e-400")
+    assert value["sub"] == Decimal("2.4703282292062328e-324")  # a subnormal double would round it
+    assert (value["f"], value["g"], value["e"]) == (1.5, 1.5, 100.0)  # doubles hold these: floats
+    assert all(type(value[k]) is float for k in ("f", "g", "e"))
+    assert value["in_string"] == "123456789012345678901234567890"
+    assert value["nested"] == [[Decimal("-1e400"), {"x": 9999999999999999999999}]]
+    written = encode_json(value)
+    assert written == (
+        b'{"id":123456789012345678901234567890,"neg":-9223372036854775809,"u64":18446744073709551615,'
+        b'"snowflake":1460323737035677698,"d":0.1000000000000000055511151231257827,"big":1E+400,'
+        b'"tiny":1E-400,"sub":2.4703282292062328E-324,"f":1.5,"g":1.5,"e":100.0,'
+        b'"in_string":"123456789012345678901234567890","nested":[[-1E+400,{"x":9999999999999999999999}]]}'
+    )
+    assert parse_jsonl(written) == [Record(1, value)]
+    # The passthrough handler writes what was read, exactly.
+    assert get_handler("passthrough")(records).output == [b'{"a":1}', written]
+
+
+def test_jsonl_deep_nesting_is_written_exactly_and_too_deep_is_a_reject_naming_the_limit() -> None:
+    # orjson reads 1,024 levels but writes about 255: such a record used to fail the whole file.
+    deep = b"[" * 1000 + b'{"k": 12345678901234567890123}' + b"]" * 1000
+    too_deep = b"[" * 1025 + b"]" * 1025
+    records = parse_jsonl(b"1\n" + deep + b"\n" + too_deep + b"\n2\n")
+    assert [(r.line, r.error) for r in records] == [
+        (1, None),
+        (2, None),
+        (3, "invalid JSON: nested deeper than 1024 levels, the most s3batch reads"),
+        (4, None),
+    ]
+    assert encode_json(records[1].value) == deep.replace(b": ", b":")
+    assert get_handler("passthrough")(records[1:2]).output == [deep.replace(b": ", b":")]
+    assert encode_json(parse_jsonl(b"[" * 1024 + b"]" * 1024)[0].value) == b"[" * 1024 + b"]" * 1024
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        (b'[\n  {"id": 1},\n  {"id": 2}\n]\n', 1),
+        (b'\n\n{\n  "rows": [1, 2],\n  "n": 2\n}\n', 3),
+        (BOM + b'[{"id": 1},\n{"id": 2}]\n', 1),
+        (b'{"data": [\n  1,\n  2\n]}', 1),
+    ],
+)
+def test_jsonl_a_json_document_over_several_lines_is_refused_with_a_hint(data: bytes, line: int) -> None:
+    # A pretty-printed .json file used to give one reject per line and a "successful" file.
+    parser = JsonlParser(io.BytesIO(data))
+    with pytest.raises(ValueError) as info:
+        iter(parser)  # from iter(): the activity turns it into a non-retryable BadFile naming the file
+    message = str(info.value)
+    assert f"holds one JSON document spread over several lines (opened on line {line})" in message
+    assert "not JSON Lines (one complete JSON value per line)" in message
+    assert "jq -c '.[]'" in message
+
+
+def test_jsonl_arrays_and_broken_first_lines_are_still_json_lines() -> None:
+    # One document per line, arrays and objects included, is JSON Lines.
+    assert parse_jsonl(b"[1, 2]\n[3]\n") == [Record(1, [1, 2]), Record(2, [3])]
+    only = parse_jsonl(b'{"a": [1,\n')  # no second line to judge: a reject
+    assert len(only) == 1 and only[0].line == 1 and only[0].error is not None
+    # A truncated first record followed by good ones: a reject, not a refused file.
+    records = parse_jsonl(b'{"a": [1,\n{"a": 2}\n{"a": 3}\n')
+    assert [(r.line, r.value) for r in records] == [(1, None), (2, {"a": 2}), (3, {"a": 3})]
+    assert records[0].error is not None and records[0].error.startswith("invalid JSON: ")
+    # Resumed mid-object, nothing is judged from the first lines seen.
+    assert parse_jsonl(b"[\n1\n", offset=10, line=4)[1] == Record(5, 1)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 4096])
+def test_jsonl_short_reads_keep_lines_offsets_and_exact_numbers(step: int) -> None:
+    data = BOM + b'{"n": 123456789012345678901234567890}\r\n\n[1e400]\n"\xc3\xa9"\n{"bad"\n7'
+    parser = JsonlParser(TrickleRaw(data, step))  # type: ignore[arg-type]
+    records, bounds = _walk(parser)
+    assert [(r.line, r.value) for r in records] == [
+        (1, {"n": 123456789012345678901234567890}),
+        (3, [Decimal("1e400")]),
+        (4, "é"),
+        (5, None),
+        (6, 7),
+    ]
+    assert [b[0] for b in bounds] == [data.index(b"}\r\n") + 3, data.index(b"]\n") + 2, data.index(b'"\n{') + 2,
+                                       data.index(b'"\n7') + 2, len(data)]
+    assert _assert_exact_resume("jsonl", data, 1024) == 5
 
 
 def test_make_parser_picks_the_parser() -> None:
@@ -489,6 +710,13 @@ def _walk(parser: CsvParser | JsonlParser) -> tuple[list[Record], list[tuple[int
     return records, bounds
 
 
+def _line_ends(fmt: str, data: bytes) -> int:
+    """Line ends in ``data``: LF, CRLF or a lone CR in CSV (as the csv module counts them), LF in JSONL."""
+    if fmt == "csv":
+        return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+    return data.count(b"\n")
+
+
 def _assert_exact_resume(fmt: str, data: bytes, max_line: int) -> int:
     full = make_parser(fmt, io.BytesIO(data), max_line_bytes=max_line)  # type: ignore[arg-type]
     records, bounds = _walk(full)
@@ -496,7 +724,7 @@ def _assert_exact_resume(fmt: str, data: bytes, max_line: int) -> int:
     assert full.offset == len(data)
     for i, (offset, line) in enumerate(bounds):
         # What a checkpoint taken after record i would store: resuming there gives the rest, exactly.
-        assert data[:offset].count(b"\n") + 1 == line or offset == len(data)
+        assert _line_ends(fmt, data[:offset]) + 1 == line or offset == len(data)
         resumed = make_parser(
             fmt,  # type: ignore[arg-type]
             io.BytesIO(data[offset:]),
