@@ -6,6 +6,8 @@ server unless a :class:`Rule` matches it, in which case the proxy answers what a
 - ``"503"``: ``503 SlowDown`` with S3's XML error body (throttling);
 - ``"500"``: ``500 InternalError``;
 - ``"403"``: ``403 AccessDenied`` (what a bucket policy denying the call returns);
+- ``"400"``: ``400 InvalidRequest`` (a request the server refuses as invalid: sending it again
+  cannot succeed);
 - ``"reset"``: forward the request, send the response head and the first ``after_bytes`` bytes of
   its body, then reset the connection (RST) mid-body;
 - ``"delay"``: forward the request and hold the response ``delay`` seconds.
@@ -30,12 +32,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-Action = Literal["503", "500", "403", "reset", "delay"]
+Action = Literal["503", "500", "403", "400", "reset", "delay"]
 
 _ERRORS: dict[str, tuple[str, str, str]] = {
     "503": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),
     "500": ("500 Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "403": ("403 Forbidden", "AccessDenied", "Access Denied"),
+    "400": ("400 Bad Request", "InvalidRequest", "The request is not valid for this object."),
 }
 
 

@@ -13,16 +13,20 @@ this suite and turns those rows into ``docs/RELIABILITY.md``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
@@ -34,10 +38,13 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-pro
 from s3batch import devstack, layout
 from s3batch.devstack import Stack
 from s3batch.models import S3BatchInput
+from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
 from tests.fault_handlers import handled_records
 from tests.faultproxy import FaultProxy, Rule
 from tests.helpers import (
     committed_parts,
+    csv_rows,
     history_events,
     make_csv,
     read_jsonl,
@@ -70,6 +77,20 @@ def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPro
     yield start
     for proc in started:
         proc.stop()
+
+
+@contextlib.asynccontextmanager
+async def proxied_worker(stack: Stack, proxy: FaultProxy, task_queue: str, **config: Any) -> AsyncIterator[None]:
+    """An in-process worker whose S3 client goes through ``proxy``: the client ``make_client()``
+    builds (the product's retry and timeout settings), with ``config`` overriding some of them (as a
+    user's own client given to ``S3BatchPlugin(s3=...)`` would)."""
+    settings = make_client().meta.config.merge(Config(**config))
+    s3 = boto3.session.Session().client("s3", endpoint_url=proxy.url, config=settings)
+    client = await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin(s3)])
+    async with Worker(
+        client, task_queue=task_queue, max_concurrent_activities=8, activity_executor=ThreadPoolExecutor(8)
+    ):
+        yield
 
 
 @pytest.fixture
@@ -1013,3 +1034,188 @@ async def test_handler_exception_does_not_leak_record_contents_into_history(
     history = b"".join(payload_bytes(e) for e in events)
     assert b"HandlerError" in history
     assert marker.encode() not in history, "a record's contents are in the workflow history"
+
+
+# ------------------------------------------------------------------------------------ 12. what fails how
+
+
+def object_gets(proxy: FaultProxy, bucket: str) -> list[Any]:
+    """GETs of objects (not listings) of ``bucket`` seen by the proxy."""
+    return [e for e in proxy.entries("GET", rf"^/{bucket}/") if "list-type=" not in e.target]
+
+
+async def test_missing_source_bucket_fails_before_any_file(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str, reliability
+) -> None:
+    _, out = buckets
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    handle = await start(client, task_queue, job(missing, out, prefix="in/"), "nosource")
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    cause = failure.value.cause.cause
+    assert cause.type == "NotFound"
+    assert f"s3://{missing}/in/" in cause.message and "the bucket does not exist" in cause.message
+    # Only the check ran, and it stopped before writing anything.
+    assert scheduled_activities(await history_events(client, handle.id)) == ["s3batch.check_job"]
+    assert s3.list_objects_v2(Bucket=out).get("KeyCount") == 0
+    reliability(
+        "Source bucket missing at start",
+        records_in=0,
+        records_out=0,
+        duplicates=0,
+        lost=None,
+        reprocessed=0,
+        recover_seconds=None,
+        notes=f"job fails before any file (only check_job ran): {cause.message[:90]}...",
+    )
+
+
+async def test_unreadable_source_bucket_fails_before_any_file(
+    stack: Stack, s3: Any, buckets: tuple[str, str], task_queue: str, client: Client, reliability
+) -> None:
+    """A source the worker may not list (403 AccessDenied on ListObjectsV2, from the fault proxy)."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        rule = proxy.add(Rule("403", method="GET", path=rf"^/{src}\?.*list-type=2"))
+        async with proxied_worker(stack, proxy, task_queue):
+            handle = await start(client, task_queue, job(src, out, prefix="in/"), "unreadable")
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+        reads = object_gets(proxy, src)
+    cause = failure.value.cause.cause
+    assert cause.type == "AccessDenied"
+    assert f"s3://{src}/in/" in cause.message and "s3:ListBucket" in cause.message
+    assert rule.fired == 1, "a denied listing is not retried"
+    assert reads == [], "no source object was read"
+    assert scheduled_activities(await history_events(client, handle.id)) == ["s3batch.check_job"]
+    assert s3.list_objects_v2(Bucket=out).get("KeyCount") == 0
+    reliability(
+        "Source bucket unreadable (403 AccessDenied on LIST, fault proxy)",
+        records_in=10,
+        records_out=0,
+        duplicates=0,
+        lost=None,
+        reprocessed=0,
+        recover_seconds=None,
+        notes="job fails before any file with AccessDenied naming the source and s3:ListBucket (only check_job ran)",
+    )
+
+
+async def test_unknown_handler_fails_before_any_file(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    s3.put_object(Bucket=src, Key="in/b.jsonl", Body=b'{"n": 1}\n')
+    handle = await start(client, task_queue, job(src, out, prefix="in/", handler="no-such-handler"), "nohandler")
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    cause = failure.value.cause.cause
+    assert cause.type == "UnknownHandler"
+    assert "no-such-handler" in cause.message
+    assert scheduled_activities(await history_events(client, handle.id)) == ["s3batch.check_job"]
+    assert s3.list_objects_v2(Bucket=out).get("KeyCount") == 0
+
+
+@pytest.mark.parametrize("group_max_files", [1, 100], ids=["one-file-activities", "grouped"])
+async def test_a_request_s3_refuses_fails_that_file_at_once(
+    stack: Stack,
+    client: Client,
+    s3: Any,
+    buckets: tuple[str, str],
+    task_queue: str,
+    reliability,
+    group_max_files: int,
+) -> None:
+    """A 400 InvalidRequest on one file's GET: that file fails on its first attempt (S3Refused, not
+    retried by botocore or Temporal); the other files succeed."""
+    src, out = buckets
+    rows = {"a.csv": 100, "b.csv": 200, "c.csv": 300}
+    for key, n in rows.items():
+        s3.put_object(Bucket=src, Key=f"in/{key}", Body=make_csv(n))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        rule = proxy.add(Rule("400", method="GET", path=rf"^/{src}/in/b\.csv"))
+        async with proxied_worker(stack, proxy, task_queue):
+            handle = await start(
+                client,
+                task_queue,
+                job(src, out, prefix="in/", max_failed_files=1, group_max_files=group_max_files),
+                "refused",
+            )
+            result = await handle.result()
+    assert rule.fired == 1, "a refused request must not be sent again"
+    assert (result["totals"]["files_succeeded"], result["totals"]["files_failed"]) == (2, 1)
+    files = {f["key"]: f for f in report(s3, out, "o/")["files"]}
+    refused = files["in/b.csv"]
+    assert refused["status"] == "failed" and refused["attempts"] == 1, refused
+    assert refused["error"].startswith(f"S3Refused: reading s3://{src}/in/b.csv: the S3 server refused the request")
+    assert "InvalidRequest" in refused["error"]
+    for key in ("a.csv", "c.csv"):
+        assert files[f"in/{key}"]["status"] == "succeeded"
+        assert read_jsonl(s3, out, f"o/in/{key}/") == csv_rows(rows[key])
+    assert read_jsonl(s3, out, "o/in/b.csv/") == []
+    reliability(
+        f"S3 refuses one file's GET (400 InvalidRequest, fault proxy; group_max_files={group_max_files})",
+        records_in=sum(rows.values()),
+        records_out=rows["a.csv"] + rows["c.csv"],
+        duplicates=0,
+        lost=0,
+        reprocessed=0,
+        recover_seconds=None,
+        notes="that file fails at once (S3Refused, 1 attempt, the request sent once); the others succeed",
+    )
+
+
+async def test_write_check_object_is_written_before_any_file(
+    stack: Stack, client: Client, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(50))
+    s3.put_object(Bucket=src, Key="in/b.csv", Body=make_csv(60))
+    with FaultProxy(stack.config.s3_port) as proxy:  # no faults: it records the order of requests
+        async with proxied_worker(stack, proxy, task_queue):
+            result = await (await start(client, task_queue, job(src, out, prefix="in/"), "probe")).result()
+        log = proxy.entries()
+    assert result["status"] == "succeeded"
+    probe = layout.write_check_key("o/")
+    assert probe == "o/_s3batch/write-check"  # where the README says it is
+    head = s3.head_object(Bucket=out, Key=probe)
+    assert head["ContentLength"] == 0
+    written = [i for i, e in enumerate(log) if e.method == "PUT" and e.target.split("?")[0] == f"/{out}/{probe}"]
+    reads = [i for i, e in enumerate(log) if e.method == "GET" and e.target.startswith(f"/{src}/")
+             and "list-type=" not in e.target]
+    parts = [i for i, e in enumerate(log) if e.method == "PUT" and re.search(r"/part-\d+\.jsonl$", e.target)]
+    assert len(written) == 1 and reads and parts
+    assert written[0] < min(reads) and written[0] < min(parts), "the write check must come before any file"
+
+
+async def test_read_timeout_is_retried(
+    stack: Stack, client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, reliability
+) -> None:
+    """A response held past the client's read timeout (1 s here, from a user's own client; the
+    default is 60 s): the GET is sent again and the file succeeds on its first attempt."""
+    src, out = buckets
+    rows = 2_000
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(rows))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        rule = proxy.add(Rule("delay", method="GET", path=rf"^/{src}/in/a\.csv", times=1, delay=3))
+        async with proxied_worker(stack, proxy, task_queue, read_timeout=1):
+            result = await (await start(client, task_queue, job(src, out, prefix="in/"), "timeout")).result()
+        gets = object_gets(proxy, src)
+    assert result["status"] == "succeeded"
+    assert rule.fired == 1
+    assert len(gets) == 2 and gets[0].range == gets[1].range, [(g.range, g.action) for g in gets]
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["attempts"] == 1, "botocore retried the timed-out GET: no activity retry"
+    assert read_jsonl(s3, out, "o/in/a.csv/") == csv_rows(rows)
+    reliability(
+        "Read timeout: a GET response held past the client's read timeout (fault proxy)",
+        records_in=rows,
+        records_out=rows,
+        duplicates=0,
+        lost=0,
+        reprocessed=0,
+        recover_seconds=None,
+        notes="the GET is sent again by botocore (same range); the file succeeds on its first attempt",
+    )
