@@ -133,6 +133,8 @@ class S3BatchWorkflow:
         self._active = 0
         """File activities running (a group of small files is one)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._fatal: ApplicationError | None = None
+        """An accounting error found by a file task, raised by the scheduling loop."""
 
     @workflow.run
     async def run(self, job: Any = None, state: Any = None) -> S3BatchResult:
@@ -193,6 +195,8 @@ class S3BatchWorkflow:
             await workflow.wait_condition(
                 lambda finished=finished, wake=wake: self._finished != finished or self._wake != wake
             )
+            if self._fatal is not None:
+                raise self._fatal
 
         self._check_books()
         if st.pending or not st.listing_done:
@@ -339,6 +343,22 @@ class S3BatchWorkflow:
                 workflow.logger.warning("group of %d files failed (%s); retrying them one by one", len(group), err)
                 self._state.pending[0:0] = group
                 self._state.solo.extend(obj.key for obj in group)
+        try:
+            self._record_group(group, results)
+        except ApplicationError as err:
+            # An exception in this task would be lost: the scheduling loop raises it.
+            self._fatal = err
+        finally:
+            for obj in group:
+                del self._in_flight[obj.key]
+            self._active -= 1
+            self._finished += 1
+            self._update_details()
+
+    def _record_group(self, group: list[ObjectRef], results: list[FileResult]) -> None:
+        """Record the results of one activity: exactly one per file of its group (none when the
+        group failed and its files were put back to run alone)."""
+        spec = self._job
         keys = {obj.key for obj in group}
         for result in results:
             if result.key not in keys:
@@ -359,11 +379,6 @@ class S3BatchWorkflow:
                 type=ACCOUNTING_ERROR,
                 non_retryable=True,
             )
-        for obj in group:
-            del self._in_flight[obj.key]
-        self._active -= 1
-        self._finished += 1
-        self._update_details()
 
     def _record(self, result: FileResult) -> None:
         totals = self._state.totals
