@@ -30,6 +30,7 @@ from temporalio.client import Client
 from s3batch import health
 from s3batch.devstack import Stack
 from s3batch.models import Progress, S3BatchResult
+from tests.helpers import wait_for
 from workflows.batch import S3BatchWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,6 +196,8 @@ def host_env(service: dict[str, Any], stack: Stack, **overrides: str) -> dict[st
     env.update({k: v for k, v in addresses.items() if k in env})
     env.update(overrides)
     env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    # Under `make test` the processes are measured too (coverage's configuration for subprocesses).
+    env.update({k: v for k, v in os.environ.items() if k.startswith("COVERAGE_")})
     return env
 
 
@@ -455,18 +458,20 @@ def health_status(service: dict[str, Any], env: dict[str, str]) -> subprocess.Co
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
 
 
-async def wait_for(predicate: Any, timeout: float, what: str, proc: Proc | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.popen.poll() is not None:
+async def wait_while_running(predicate: Any, timeout: float, what: str, proc: Proc) -> Any:
+    """``helpers.wait_for``, failing at once (with its log) if ``proc`` exits meanwhile."""
+
+    def check() -> Any:
+        if proc.popen.poll() is not None:
             raise AssertionError(f"{proc.name} exited with {proc.popen.returncode} waiting for {what}:\n{proc.tail()}")
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{proc.tail()}" if proc else ""))
+        return predicate()
+
+    try:
+        return await wait_for(check, timeout, what, interval=0.1)
+    except AssertionError as err:
+        if proc.popen.poll() is not None:
+            raise  # already says how it exited, with its log
+        raise AssertionError(f"{err}:\n{proc.tail()}") from None
 
 
 async def test_compose_worker_processes_a_demo_job_and_drains_on_sigterm(
@@ -499,7 +504,9 @@ async def test_compose_worker_processes_a_demo_job_and_drains_on_sigterm(
     worker_b: Proc | None = None
     try:
         # Healthy once it polls (the compose healthcheck command, the worker's environment).
-        await wait_for(lambda: health_status(services["worker"], worker_env).returncode == 0, 30, "healthy", worker_a)
+        await wait_while_running(
+            lambda: health_status(services["worker"], worker_env).returncode == 0, 30, "healthy", worker_a
+        )
 
         # The demo service's command and environment start a job on the workers' task queue.
         demo_env = host_env(services["demo"], stack, S3BATCH_TASK_QUEUE=task_queue)
@@ -520,7 +527,7 @@ async def test_compose_worker_processes_a_demo_job_and_drains_on_sigterm(
                 for key in progress.in_flight
             )
 
-        await wait_for(some_written, 60, "the first chunks of the job", worker_a)
+        await wait_while_running(some_written, 60, "the first chunks of the job", worker_a)
 
         # SIGTERM, as `docker stop` sends it to PID 1: the worker drains and exits 0 in time.
         started = time.monotonic()

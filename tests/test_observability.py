@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import urllib.request
 import uuid
@@ -13,6 +12,7 @@ from temporalio.client import Client
 
 from s3batch.devstack import SECRET_KEY, free_port_block
 from s3batch.models import S3BatchInput
+from tests.helpers import wait_for
 from tests.procs import WorkerProcess
 from workflows.batch import S3BatchWorkflow
 
@@ -87,9 +87,9 @@ async def test_jobs_started_without_search_attributes_are_indexed_by_a_registeri
     finally:
         worker.terminate()
     query = f'S3BatchSource="{src}/sa/" AND S3BatchStatus="succeeded" AND S3BatchFilesDone=1'
-    for _ in range(100):  # visibility is eventually consistent
-        found = [w.id async for w in client.list_workflows(query)]
-        if found:
-            break
-        await asyncio.sleep(0.1)
-    assert found == [job_id]
+
+    async def listed() -> list[str]:
+        return [w.id async for w in client.list_workflows(query)]
+
+    # Visibility is eventually consistent.
+    assert await wait_for(listed, 30, f"a job listed by {query}", interval=0.2) == [job_id]
