@@ -136,8 +136,10 @@ def _exact_number(token: bytes) -> Any:
     if digits > _INT_DIGITS_LIMIT:
         return Decimal(text)
     value = int(text)
-    if _INT64_MIN <= value <= _UINT64_MAX:
+    if 0 <= value <= _UINT64_MAX:
         return None
+    # Negative 19+ digit integers are always substituted, those orjson would read exactly too: the
+    # sentinels of loads_exact are such integers, and no integer of the line may equal one.
     return value
 
 
@@ -160,9 +162,8 @@ def loads_exact(raw: bytes) -> Any:
         if value is None:
             return token
         exact.append(value)
-        # A sentinel orjson reads exactly, and that no other integer of the line can equal: every
-        # 19+ digit integer token is either kept (then it is not in the sentinel range, which
-        # starts at -2**63) or substituted itself.
+        # A sentinel orjson reads exactly, and that no integer left in the line can equal (every
+        # negative 19+ digit integer token is substituted, see _exact_number).
         return str(_INT64_MIN + len(exact) - 1).encode()
 
     replaced = _TOKENS.sub(substitute, raw)

@@ -59,9 +59,7 @@ _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _BOM_BYTES = b"\xef\xbb\xbf"
 
 _BLOCK = 256 * 1024
-"""Bytes read per call on the hot path (a record boundary never depends on it)."""
-_PIECE = 1024 * 1024
-"""Bytes read per call while skipping a record longer than the limit."""
+"""Bytes read per call (no result depends on it; memory is a few blocks plus one record)."""
 _FAR = 1 << 62
 
 
@@ -272,6 +270,7 @@ class _CsvLines(_Source):
                     carry = b""
                     if stand_in is not None:
                         yield stand_in
+                    block = block or read(_BLOCK)
                 else:
                     block = read(_BLOCK)
                 continue
@@ -300,7 +299,7 @@ class _CsvLines(_Source):
         counted = True  # the physical line at `pos` is counted in `lines`
         while True:
             if pos == len(data):
-                data, pos = read(_PIECE), 0
+                data, pos = read(_BLOCK), 0
                 if not data:  # the end of the object ends the record
                     if state != _QUOTED:
                         break
@@ -322,7 +321,7 @@ class _CsvLines(_Source):
                 state = _csv_scan(state, data, pos, eol, delimiter)
             if eol == cr and eol + 1 == len(data):  # a CR at the end of what was read: CRLF?
                 self.offset += eol - pos
-                data, pos, eol = data[eol:] + read(_PIECE), 0, 0
+                data, pos, eol = data[eol:] + read(_BLOCK), 0, 0
             end = eol + 2 if data[eol : eol + 2] == b"\r\n" else eol + 1
             self.offset += end - pos
             pos = end
@@ -558,6 +557,8 @@ class JsonlParser:
                 size = len(raw)
                 off += size + step
                 if size > max_bytes and size - (step and raw.endswith(b"\r")) > max_bytes:
+                    while next_inexact < off:
+                        next_inexact = base + next(following, _FAR)
                     src.lines, src.offset = n, off
                     yield Record(n, None, _too_long("line", max_bytes))
                 elif off > next_inexact:
@@ -591,7 +592,7 @@ def _skip_line(read: Callable[[int], bytes]) -> tuple[int, bytes]:
     """Read past the next LF in bounded pieces: ``(bytes up to and with the LF, bytes read after it)``."""
     size = 0
     while True:
-        piece = read(_PIECE)
+        piece = read(_BLOCK)
         if not piece:
             return size, b""
         end = piece.find(b"\n")

@@ -595,6 +595,41 @@ def test_jsonl_short_reads_keep_lines_offsets_and_exact_numbers(step: int) -> No
     assert _assert_exact_resume("jsonl", data, 1024) == 5
 
 
+def test_csv_record_too_long_that_never_closes_is_a_reject_at_the_end_of_the_object() -> None:
+    limit = 50
+    # The limit is passed inside a quoted field that is still open at the end of the object.
+    data = b'a,b\n1,2\n3,"' + b"x\n" * 100
+    parser = CsvParser(io.BytesIO(data), max_line_bytes=limit)
+    assert list(parser) == [
+        Record(2, {"a": "1", "b": "2"}),
+        Record(3, None, f"record is longer than max_record_bytes ({limit} bytes)"),
+    ]
+    assert (parser.offset, parser.line) == (len(data), 103)
+    # Its first line alone is too long, and never closes either.
+    data = b'a,b\n3,"' + b"x" * 100
+    parser = CsvParser(io.BytesIO(data), max_line_bytes=limit)
+    assert list(parser) == [Record(2, None, f"line is longer than max_record_bytes ({limit} bytes)")]
+    assert parser.offset == len(data)
+    with pytest.raises(ValueError, match=r"the header row \(line 1\) cannot be read: line is longer than"):
+        iter(CsvParser(io.BytesIO(b'"' + b"h" * 200), max_line_bytes=limit))
+
+
+def test_exact_json_at_the_edges() -> None:
+    digits = "7" * 5000  # beyond Python's int <-> str limit (4,300 digits): an exact Decimal
+    [record] = parse_jsonl(f'{{"n": {digits}, "m": -{digits}}}'.encode())
+    assert record.value == {"n": Decimal(digits), "m": Decimal("-" + digits)}
+    assert encode_json(record.value) == f'{{"n":{digits},"m":-{digits}}}'.encode()
+    assert encode_json([10**5000]) == b"[1" + b"0" * 5000 + b"]"
+    # Long digit runs in strings and exponents: found, and left as they are.
+    text = '["' + "9" * 10_000 + '", 1e00000000000000000400, 5E+0000000000000000001]'
+    [record] = parse_jsonl(text.encode())
+    assert record.value == ["9" * 10_000, Decimal("1e400"), 50.0]
+    # What JSON cannot hold is refused, as orjson refuses it.
+    for value in (Decimal("NaN"), Decimal("-Infinity"), {1: 2**70}, {"a": {1, 2}}):
+        with pytest.raises(TypeError):
+            encode_json(value)
+
+
 def test_make_parser_picks_the_parser() -> None:
     assert isinstance(make_parser("csv", io.BytesIO(b"")), CsvParser)
     assert isinstance(make_parser("jsonl", io.BytesIO(b"")), JsonlParser)
