@@ -257,9 +257,18 @@ class S3Activities:
         """
         details = activity.info().heartbeat_details
         attempt = {"attempt": activity.info().attempt}
+        job: _FileJob | None = None
         try:
             job = _FileJob(self.s3, req, details[0] if details else None)
             return job.verify(job.run())
+        except (CancelledError, asyncio.CancelledError):
+            if not _job_cancelled():
+                raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
+            # The job was cancelled: the file's result says how far it got (the workflow records it).
+            cp = job.checkpoint if job is not None else None
+            if job is not None and cp is not None and cp.done:
+                return job.verify(job.result(cp))
+            return _cancelled(req, cp, attempt["attempt"])
         except ApplicationError as err:
             raise ApplicationError(
                 err.message,
@@ -269,8 +278,6 @@ class S3Activities:
                 next_retry_delay=err.next_retry_delay,
                 category=err.category,
             ) from err
-        except (CancelledError, asyncio.CancelledError):
-            raise
         except Exception as err:
             raise ApplicationError(
                 f"unexpected error processing s3://{req.bucket}/{req.obj.key}: {type(err).__name__}: {err}",
@@ -472,6 +479,8 @@ class _FileJob:
         given (None: no chunk processed)."""
         self._handed = self._handler_rejects = self._dropped = 0
         self._free_form = False
+        self.resumed_from = 0
+        """``next_record`` this attempt started from."""
 
     def _check_key_length(self) -> None:
         """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
@@ -635,7 +644,7 @@ class _FileJob:
     def run(self) -> FileResult:
         cp = self._resume_point()
         self.checkpoint = cp
-        resumed_from = cp.next_record
+        self.resumed_from = resumed_from = cp.next_record
         if resumed_from:
             self.metrics.resumes.add(1)
             activity.logger.info(
@@ -655,9 +664,9 @@ class _FileJob:
             cp.chunk,
             extra=self.log_extra,
         )
-        return self.result(cp, resumed_from)
+        return self.result(cp)
 
-    def result(self, cp: Checkpoint, resumed_from: int | None = None) -> FileResult:
+    def result(self, cp: Checkpoint) -> FileResult:
         """The result of the file, complete at ``cp``."""
         return FileResult(
             key=self.obj.key,
@@ -670,7 +679,7 @@ class _FileJob:
             bytes_read=self.obj.size,
             chunks=cp.chunk,
             attempts=self.info.attempt,
-            resumed_from_record=cp.next_record if resumed_from is None else resumed_from,
+            resumed_from_record=self.resumed_from,
         )
 
     def _check_records(self, cp: Checkpoint) -> None:

@@ -944,3 +944,18 @@ def test_group_stopped_by_worker_shutdown_is_retried_not_reported(s3: Any, bucke
     env.on_heartbeat = shutdown
     with pytest.raises(CancelledError):
         env.run(S3Activities(s3).process_group, group_input(buckets, [a, a], chunk_records=10))
+
+
+def test_cancelled_file_returns_its_checkpoint_counts(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    obj = upload(s3, src, "in/e.jsonl", make_jsonl(100)[0])
+    attempt = Attempt(s3)
+
+    def cancel_at_chunk_3(cp: dict[str, Any]) -> None:
+        if cp["chunk"] == 3:
+            attempt.env.cancel()
+
+    attempt.check = cancel_at_chunk_3
+    result = attempt.run(file_input(buckets, obj, chunk_records=10))
+    assert (result.status, result.records, result.records_written, result.chunks) == ("cancelled", 30, 30, 3)
+    assert output_keys(s3, out, obj.key) == [f"part-{i:05d}.jsonl" for i in range(3)]
