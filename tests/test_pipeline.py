@@ -103,6 +103,9 @@ async def test_small_files_are_grouped_and_a_bad_one_fails_alone(
     assert result.totals.files_succeeded == 25
     assert result.totals.files_failed == 1
     assert result.totals.records_written == 25
+    for i in range(25):
+        assert read_jsonl(s3, out, f"small/{i:02d}.jsonl/") == [{"i": i}]
+    assert read_jsonl(s3, out, "small/13.txt/") == []
     history = await client.get_workflow_handle(job_id).fetch_history()
     scheduled = [
         e.activity_task_scheduled_event_attributes.activity_type.name

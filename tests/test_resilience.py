@@ -15,7 +15,7 @@ from temporalio.worker import Worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
 from s3batch.models import S3BatchInput
 from s3batch.s3io import WORKER_SHUTDOWN
-from tests.helpers import committed_parts, make_csv, read_jsonl, report, wait_for
+from tests.helpers import committed_parts, csv_rows, make_csv, read_jsonl, report, wait_for
 from tests.procs import WorkerProcess
 from workflows.batch import S3BatchWorkflow
 
@@ -25,9 +25,11 @@ pytestmark = pytest.mark.slow
 
 
 def assert_exactly_once(s3: Any, bucket: str, file_prefix: str, rows: int) -> None:
-    ids = [int(r["id"]) for r in read_jsonl(s3, bucket, file_prefix)]
+    records = read_jsonl(s3, bucket, file_prefix)
+    ids = [int(r["id"]) for r in records]
     assert len(ids) == rows, f"{len(ids)} records in the output, expected {rows}"
     assert ids == list(range(rows)), "records lost, duplicated or out of order"
+    assert records == csv_rows(rows), "output records differ from the source records"
 
 
 async def test_sigkill_mid_file_resumes_from_last_committed_chunk(
