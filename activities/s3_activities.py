@@ -110,6 +110,39 @@ def _list_outputs(s3: S3Client, bucket: str, folder: str) -> dict[str, str]:
     return found
 
 
+def _list_group_outputs(s3: S3Client, bucket: str, folders: list[str]) -> dict[str, dict[str, str]]:
+    """The objects directly in each of ``folders`` (the output folders of a group's files), as
+    ``{folder: {name: etag}}``, with one paginated LIST over the key range they span.
+
+    The range starts after the first folder and ends after the last one in S3's key order (UTF-8
+    bytes, which is Python's ``str`` order). A server that lists in another order (SeaweedFS lists
+    by path segment) may leave folders out; ``_FileJob.verify`` lists such a folder again on its own
+    before it reports anything missing.
+    """
+    found: dict[str, dict[str, str]] = {f: {} for f in folders}
+    if not folders:
+        return found
+    low, high = min(folders), max(folders)
+    outer = min((f for f in folders if high.startswith(f)), key=len)  # the folders enclosing the last
+    common = os.path.commonprefix(folders)  # noqa: RUF071 - S3 prefixes are strings
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": common}
+    if low != common:
+        kwargs["StartAfter"] = low  # a folder is not an object: its keys all sort after it
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(**kwargs):
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                if key > high and not key.startswith(outer):
+                    return found  # past the last folder
+                slash = key.rfind("/") + 1
+                names = found.get(key[:slash])
+                if names is not None:
+                    names[key[slash:]] = _strip_etag(item["ETag"])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, common)
+    return found
+
+
 def _job_cancelled() -> bool:
     """The activity is being cancelled because the job was (not a worker shutdown, a timeout, ...)."""
     details = activity.cancellation_details()
@@ -328,14 +361,16 @@ class S3Activities:
         results: list[FileResult | None],
         attempt: int,
     ) -> list[FileResult]:
-        """Check the output of the group's succeeded files (see ``_FileJob.verify``)."""
+        """Check the output of the group's succeeded files with one LIST (see ``_FileJob.verify``)."""
+        done = [job.dir for job, r in zip(jobs, results, strict=True) if job and r and r.status == "succeeded"]
+        listings = _list_group_outputs(self.s3, items[0].output_bucket, done)
         final: list[FileResult] = []
         for index, result in enumerate(results):
             assert result is not None
             job = jobs[index]
             if job is not None:
                 try:
-                    result = job.verify(result)
+                    result = job.verify(result, listings.get(job.dir))
                 except ApplicationError as err:
                     if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
                         raise
@@ -572,13 +607,13 @@ class _FileJob:
         head_pinned(self.s3, self.req.bucket, self.obj.key, etag=self.obj.etag, version_id=version)
         self._source_checked = True
 
-    def verify(self, result: FileResult) -> FileResult:
+    def verify(self, result: FileResult, listed: dict[str, str] | None = None) -> FileResult:
         """Check that the file's output folder holds exactly its parts ``0..n-1`` and the rejects of
         the chunks that had rejects, all of this source version and these options; remove anything
         else (left by another version or options, or by an interrupted cleanup).
 
-        The folder is listed (one LIST), except for a file of a group whose output prefix was empty
-        when the group started: there, what this attempt wrote is all there is. An object is this
+        ``listed`` is the folder's listing (name -> ETag) from the group's LIST; without it, or when
+        something seems missing from it, the folder is listed on its own. An object is this
         version's when its ETag is the one this attempt wrote or read it with, else when the
         checkpoint stored on it says so (one HEAD each: parts written by an earlier attempt). A
         missing or foreign part or rejects object is an ``AccountingError``.
@@ -586,9 +621,9 @@ class _FileJob:
         cp = self.checkpoint
         if result.status != "succeeded" or cp is None:
             return result
-        if self._fresh:
-            listed = {name: etag for name, (etag, _) in self._known.items()}
-        else:
+        if listed is not None and not all(layout.part_name(c) in listed for c in range(cp.chunk)):
+            listed = None  # the group's LIST did not cover this folder (another key order)
+        if listed is None:
             listed = _list_outputs(self.s3, self.req.output_bucket, self.dir)
         n = cp.chunk
         expected: set[str] = set()
