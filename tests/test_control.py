@@ -142,11 +142,14 @@ async def test_set_concurrency_changes_files_in_flight_and_rejects_bad_values(
     p = await until(lambda p: p.files_in_flight <= 1, handle)
     assert p.files_succeeded < len(keys) - 1, "too few files left to see the lower limit at work"
     seen: list[int] = []
-    while (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+
+    async def all_done_one_at_a_time() -> bool:
         p = await progress(handle)
         seen.append(p.files_in_flight)
         assert p.files_in_flight <= 1 and p.max_concurrent_files == 1, p
-        await asyncio.sleep(0.05)
+        return p.files_succeeded == len(keys)
+
+    await wait_for(all_done_one_at_a_time, 60, "every file done, one at a time")
     assert 1 in seen, "no file was seen in flight after lowering the concurrency"
     result = await handle.result()
     assert result.totals.files_succeeded == len(keys)
