@@ -972,7 +972,7 @@ async def test_history_and_heartbeats_carry_no_record_contents_or_credentials(
         chunk_records=1_000,
         handler="slow_passthrough",
         group_max_files=1,
-        heartbeat_timeout_seconds=2,
+        heartbeat_timeout_seconds=20,  # the test worker still sends heartbeats every second
         max_concurrent_files=1,
     )
     handle = await start(client, task_queue, [spec.model_dump(mode="json"), {"files_per_run": 2}], "secure")
