@@ -1224,3 +1224,50 @@ async def test_read_timeout_is_retried(
         recover_seconds=None,
         notes="the GET is sent again by botocore (same range); the file succeeds on its first attempt",
     )
+
+
+async def test_read_timeout_past_the_client_retries_is_retried_by_temporal_from_the_checkpoint(
+    stack: Stack,
+    client: Client,
+    s3: Any,
+    buckets: tuple[str, str],
+    task_queue: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reliability,
+) -> None:
+    """A part's PUT reaches S3 but its response is held past the read timeout, with no botocore
+    retry left (a user's client: 1 s timeout, 1 attempt). The activity attempt fails, Temporal
+    retries it, and the new attempt finds that part committed: it resumes after it, nothing is
+    processed twice and nothing is written twice."""
+    src, out = buckets
+    rows, chunk = 6_000, 1_000
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(rows))
+    counts = tmp_path / "handled.txt"
+    monkeypatch.setenv("S3BATCH_TEST_COUNT_FILE", str(counts))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        rule = proxy.add(Rule("delay", method="PUT", path=r"/in/a\.csv/part-00003\.jsonl$", times=1, delay=3))
+        async with proxied_worker(
+            stack, proxy, task_queue, read_timeout=1, retries={"mode": "standard", "total_max_attempts": 1}
+        ):
+            spec = job(src, out, prefix="in/", chunk_records=chunk, handler="counting_slow")
+            result = await (await start(client, task_queue, spec, "timeout2")).result()
+        puts = proxy.entries("PUT", r"/in/a\.csv/part-00003\.jsonl$")
+    assert result["status"] == "succeeded"
+    # The held PUT is not sent again: the next attempt finds the part it wrote.
+    assert rule.fired == 1 and len(puts) == 1, [(p.t, p.status, p.action) for p in puts]
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["attempts"] == 2, entry
+    assert entry["resumed_from_record"] == 4 * chunk, entry  # after part 3, which had reached S3
+    reprocessed = handled_records(counts) - rows
+    check = output_check(s3, out, "o/in/a.csv/", rows)
+    reliability(
+        "Read timeout with no client retry left (a part's PUT response held, fault proxy)",
+        **check,
+        reprocessed=reprocessed,
+        recover_seconds=None,
+        notes=f"attempt 1 failed (S3Error), attempt 2 resumed at record {entry['resumed_from_record']} after the "
+        "part that had reached S3",
+    )
+    assert_exact(check)
+    assert reprocessed == 0
