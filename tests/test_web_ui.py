@@ -43,7 +43,7 @@ async def test_summary_is_the_source_and_output_and_details_follow_the_files(
 ) -> None:
     src, out = buckets
     for i in range(3):
-        s3.put_object(Bucket=src, Key=f"in/{i}.csv", Body=make_csv(2_000))  # 20 chunks of 50 ms: ~1 s each
+        s3.put_object(Bucket=src, Key=f"in/{i}.csv", Body=make_csv(4_000))  # 40 chunks of 50 ms: ~2 s each
     wid = f"ui-sum-{uuid.uuid4().hex[:8]}"
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "o/",
@@ -65,7 +65,7 @@ async def test_summary_is_the_source_and_output_and_details_follow_the_files(
     final = await details(handle)
     assert final.startswith(f"**succeeded** {head}"), final
     assert "files: 3 done of 3 listed, 0 failed, 0 in flight" in final
-    assert "records: 6000 written, 0 rejected" in final
+    assert "records: 12000 written, 0 rejected" in final
     assert f"report: s3://{out}/o/_report.json" in final
 
 
@@ -76,7 +76,7 @@ async def test_details_are_set_again_after_continue_as_new(
     totals of the whole job so far."""
     src, out = buckets
     for i in range(5):
-        s3.put_object(Bucket=src, Key=f"in/{i}.csv", Body=make_csv(1_000))
+        s3.put_object(Bucket=src, Key=f"in/{i}.csv", Body=make_csv(2_000))  # ~1 s each
     job = S3BatchInput(
         bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", handler="slow_passthrough",
         chunk_records=100, group_max_files=1, max_concurrent_files=1,
