@@ -5,7 +5,7 @@
 - S3 output: ``read_jsonl``, ``report``, ``committed_parts``, ``part_rows``;
 - source data: ``make_csv``;
 - processes: ``run`` (an installed executable, awaited without blocking the event loop);
-- history: ``history_events``, ``scheduled_activities``.
+- history: ``history_events``, ``scheduled_activities``, ``assert_invalid_input``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 
 from s3batch import layout
 from s3batch.models import Checkpoint
@@ -153,3 +154,34 @@ def scheduled_activities(events: list[Any]) -> list[str]:
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
+
+
+async def assert_invalid_input(client: Client, workflow_id: str, fields: list[str], timeout: float = 15) -> str:
+    """The workflow failed at once with InvalidInput naming each field, and ran no activity.
+
+    A failing workflow *task* (an exception that is not a workflow failure) is retried by the server
+    forever: the job would hang RUNNING. That is caught here as soon as the first one is recorded.
+    """
+    handle = client.get_workflow_handle(workflow_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        events = await history_events(client, workflow_id)
+        failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+        if failed:
+            await handle.terminate("bad-input test: the workflow task failed")
+            raise AssertionError(
+                f"{workflow_id} hangs: its workflow task fails and is retried forever "
+                f"({failed[-1].workflow_task_failed_event_attributes.failure.message})"
+            )
+        if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED for e in events):
+            break
+        assert time.monotonic() < deadline, f"{workflow_id} neither failed nor hung in {timeout} s"
+        await asyncio.sleep(0.1)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    cause = failure.value.cause
+    assert cause.type == "InvalidInput", f"{workflow_id}: {cause}"
+    for field_text in fields:
+        assert field_text in cause.message, f"{workflow_id}: {field_text!r} not in {cause.message!r}"
+    assert scheduled_activities(events) == [], "an activity ran"
+    return cause.message

@@ -27,7 +27,6 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -43,6 +42,7 @@ from s3batch.s3io import make_client
 from tests.fault_handlers import handled_records
 from tests.faultproxy import FaultProxy, Rule
 from tests.helpers import (
+    assert_invalid_input,
     committed_parts,
     csv_rows,
     history_events,
@@ -800,37 +800,6 @@ BAD_INPUTS: list[tuple[str, Any, list[str]]] = [
     ("a string", "bucket=src", ["input: Input should be"]),
     ("null", None, ["input: no input given"]),
 ]
-
-
-async def assert_invalid_input(client: Client, workflow_id: str, fields: list[str], timeout: float = 15) -> str:
-    """The workflow failed at once with InvalidInput naming each field, and ran no activity.
-
-    A failing workflow *task* (an exception that is not a workflow failure) is retried by the server
-    forever: the job would hang RUNNING. That is caught here as soon as the first one is recorded.
-    """
-    handle = client.get_workflow_handle(workflow_id)
-    deadline = time.monotonic() + timeout
-    while True:
-        events = await history_events(client, workflow_id)
-        failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
-        if failed:
-            await handle.terminate("bad-input test: the workflow task failed")
-            raise AssertionError(
-                f"{workflow_id} hangs: its workflow task fails and is retried forever "
-                f"({failed[-1].workflow_task_failed_event_attributes.failure.message})"
-            )
-        if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED for e in events):
-            break
-        assert time.monotonic() < deadline, f"{workflow_id} neither failed nor hung in {timeout} s"
-        await asyncio.sleep(0.1)
-    with pytest.raises(WorkflowFailureError) as failure:
-        await handle.result()
-    cause = failure.value.cause
-    assert cause.type == "InvalidInput", f"{workflow_id}: {cause}"
-    for field_text in fields:
-        assert field_text in cause.message, f"{workflow_id}: {field_text!r} not in {cause.message!r}"
-    assert scheduled_activities(events) == [], "an activity ran"
-    return cause.message
 
 
 async def test_bad_input_from_the_python_client_fails_fast_naming_the_field(
