@@ -21,15 +21,19 @@ integers with their digits, so a value read by :func:`loads_exact` is written ba
 numbers (the text may differ where the value does not: ``1.50`` is written ``1.5``).
 
 **The fast path.** :func:`inexact_positions` finds, in a block of raw bytes, the places where a
-number could lose precision in orjson: a run of 16 or more digits and dots (a long mantissa, or an
-integer beyond 64 bits), or a negative exponent of three or more digits (underflow). Lines without
-such a place are decoded by ``orjson.loads`` alone; the check costs one ``bytes.translate`` and two
-``bytes.rfind`` per block of lines. Lines that have one (digits inside strings included, so the check has
-false positives but no false negatives) and lines orjson refuses go through :func:`loads_exact`.
+number could lose precision in orjson: 20 or more digits, a 16-digit mantissa with an exponent, a
+negative integer of 19 digits, and, looked at more closely, decimals with 8 or more digits before
+the point or 9 after it and negative exponents of three digits (kept on the fast path when the text
+is the shortest text of the double it reads as, as Python, JavaScript and orjson write doubles).
+Lines without such a place are decoded by ``orjson.loads`` alone; the check costs one
+``bytes.translate`` and six ``bytes.rfind`` per block of lines. Lines that have one (digits inside
+strings included, so the check has false positives but no false negatives) and lines orjson refuses
+go through :func:`loads_exact`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from decimal import Decimal
@@ -45,72 +49,94 @@ _UINT64_MAX = 2**64 - 1
 _INT_DIGITS_LIMIT = 4300  # CPython's default int <-> str conversion limit (sys.int_info)
 
 _loads = orjson.loads
+_json_loads = json.loads
 _dumps = orjson.dumps
 _Fragment = orjson.Fragment
 
 
 def _translation() -> bytes:
     table = bytearray(b" " * 256)
-    for c in b"0123456789.":
+    for c in b"0123456789":
         table[c] = ord("0")
+    for c in b".-+":
+        table[c] = c
     table[ord("e")] = table[ord("E")] = ord("e")
-    table[ord("-")] = ord("-")
     return bytes(table)
 
 
 _NUMBER_CLASSES = _translation()
-_LONG_RUN = b"0" * 16
-_NEG_EXPONENT = b"e-000"
+# Shapes (digits as 0) that orjson may not read exactly: reported as they are.
+_ALWAYS = (
+    b"0" * 20,  # 20+ digits: beyond 64 bits, or a long mantissa
+    b"0" * 16 + b"e",  # a 16+ digit mantissa with an exponent
+    b"-" + b"0" * 19,  # below -2**63 (and the sentinels of loads_exact)
+)
+# Shapes whose number is looked at: a decimal with 8+ digits before its point or 9+ after it (16+
+# significant digits need one of them), and a negative exponent of 3+ digits (underflow).
+_CANDIDATES = (b"0" * 8 + b".", b"." + b"0" * 9, b"e-000")
+_NUMBER_SHAPE = re.compile(rb"[0.]*+(?:e[-+]?0++)?")
 
 
 def inexact_positions(data: bytes) -> list[int]:
     """Positions in ``data`` (sorted) where a JSON number may not survive ``orjson.loads`` exactly.
 
-    An empty list means every number in ``data`` decodes exactly with orjson. A position is reported
-    for every run of 16+ digits and dots that is not a 16-19 digit integer orjson holds exactly,
-    and for every ``e-ddd`` exponent after a digit; runs inside JSON strings are reported too (the
-    exact path then finds nothing to change).
+    An empty list means every number in ``data`` decodes exactly with orjson: integers up to 19
+    digits (orjson holds -2**63..2**64-1) and decimals of up to 15 significant digits in the normal
+    range, or written as the shortest text of a double (what Python, JavaScript and orjson write)
+    pass; a longer or out-of-range number is reported, inside a JSON string too (the exact path then
+    finds nothing to change). No false negatives: the property tests check it against orjson.
     """
     # Searched from the end: on this kind of text, bytes.rfind skips ahead much faster than find.
     t = data.translate(_NUMBER_CLASSES)
     found: list[int] = []
-    p = t.rfind(_LONG_RUN)
-    while p >= 0:
-        end = p + 16  # the rightmost window of a run ends where the run ends
-        start, floor = p, p - 48
-        while True:  # back to the start of the run, in bounded slices
-            before = t[max(0, floor) : start]
-            start -= len(before) - len(before.rstrip(b"0"))
-            if start > floor or start <= 0:
-                break
-            floor = start - 4096
-        if _run_is_inexact(data, start, end):
-            found.append(start)
-        p = t.rfind(_LONG_RUN, 0, start)
-    p = t.rfind(_NEG_EXPONENT)
-    while p >= 0:
-        if p and t[p - 1] == 48:  # a digit or a dot before the exponent: a number
+    for shape in _ALWAYS:
+        p = t.rfind(shape)
+        while p >= 0:
             found.append(p)
-        p = t.rfind(_NEG_EXPONENT, 0, p)
+            p = t.rfind(shape, 0, p)
+    candidates: list[tuple[int, bytes]] = []
+    for shape in _CANDIDATES:
+        p = t.rfind(shape)
+        while p >= 0:
+            floor = max(0, p - 64)
+            before = t[floor:p]
+            start = p - (len(before) - len(before.rstrip(b"0.")))
+            after = t[p : p + 64]
+            end = p + len(after) - len(after.lstrip(b"0."))
+            if t[end : end + 1] == b"e":
+                match = _NUMBER_SHAPE.match(t, start)
+                end = match.end() if match else end
+            if start == floor:
+                found.append(start)  # 64+ digits
+            else:
+                candidates.append((start, data[start:end]))
+            p = t.rfind(shape, 0, start)
+    if candidates:
+        # Most such numbers are the shortest text of a double (how doubles are written): then orjson
+        # writes back the same text. One round trip checks them all; the others one by one.
+        joined = b"[" + b",".join(token for _, token in candidates) + b"]"
+        try:
+            same = _dumps(_loads(joined)) == joined
+        except orjson.JSONDecodeError:
+            same = False
+        if not same:
+            found.extend(start for start, token in candidates if not _read_exactly(token))
     found.sort()
     return found
 
 
-def _run_is_inexact(data: bytes, start: int, end: int) -> bool:
-    """Whether the run of digits and dots ``data[start:end]`` (16+ bytes) may lose precision."""
-    length = end - start
-    if length >= 20 or b"." in data[start:end]:
-        return True
-    after = data[end : end + 1]
-    if after in (b"e", b"E"):
-        return True  # a 16-19 digit mantissa
-    before = data[start - 1 : start] if start else b""
-    if before in (b"e", b"E", b"+"):
-        return True  # exponent digits
-    if before == b"-":
-        # Below the 64-bit minimum, or the digits of a negative exponent.
-        return length >= 19 or data[start - 2 : start - 1] in (b"e", b"E")
-    return False  # a 16-19 digit integer: orjson holds up to 2**64 - 1 exactly
+def _read_exactly(token: bytes) -> bool:
+    """Whether orjson (correctly rounded, like ``float``) reads the number ``token`` exactly."""
+    if token.count(b".") > 1:
+        return True  # not a number (a version, an address): text inside a string
+    try:
+        as_float = float(token)
+    except ValueError:
+        return True  # not a number either; an invalid one makes orjson fail, then the exact path runs
+    if not math.isfinite(as_float):
+        return False
+    shortest = repr(as_float)
+    return shortest == token.decode() or Decimal(shortest) == Decimal(token.decode())
 
 
 # A JSON string (skipped as a whole, so digits inside strings are never touched) or a number token
@@ -143,6 +169,19 @@ def _exact_number(token: bytes) -> Any:
     return value
 
 
+def _exact_int(text: str) -> Any:
+    return int(text) if len(text) <= _INT_DIGITS_LIMIT else Decimal(text)
+
+
+def _exact_float(text: str) -> Any:
+    as_float = float(text)
+    if math.isfinite(as_float):
+        shortest = repr(as_float)
+        if shortest == text or Decimal(shortest) == Decimal(text):
+            return as_float
+    return Decimal(text)
+
+
 def loads_exact(raw: bytes) -> Any:
     """Decode one JSON document, every number exact (see the module docstring for the types).
 
@@ -152,6 +191,23 @@ def loads_exact(raw: bytes) -> Any:
     Raises:
         orjson.JSONDecodeError: ``raw`` is not JSON.
     """
+    try:
+        _loads(raw)  # orjson decides what is JSON
+    except orjson.JSONDecodeError:
+        return _loads_substituted(raw)  # numbers beyond a double, or not JSON at all
+    try:
+        # Valid JSON: the json module's scanner gives every number to the exact hooks.
+        return _json_loads(raw.decode(), parse_int=_exact_int, parse_float=_exact_float)
+    except (RecursionError, ValueError):
+        # Deep nesting meets Python's stack limit (or, never seen, the json module disagrees with
+        # orjson): the same values another way, by orjson alone.
+        return _loads_substituted(raw)
+
+
+def _loads_substituted(raw: bytes) -> Any:
+    """:func:`loads_exact` by orjson alone: each number it would change is replaced by a sentinel
+    integer, orjson decodes the line (and decides whether it is JSON), the sentinels are swapped
+    for the exact values."""
     exact: list[Any] = []
 
     def substitute(match: re.Match[bytes]) -> bytes:
