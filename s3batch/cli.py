@@ -995,11 +995,6 @@ REDRIVE_STATUSES = ("failed", "cancelled", "not_started")
 """File statuses in a report that a redrive processes again (as the workflow's listing does)."""
 
 
-def report_copy_key(output_prefix: str, new_id: str) -> str:
-    """Where ``redrive`` keeps the report it redrives: the new job overwrites ``_report.json``."""
-    return f"{output_prefix}_report.before-redrive-{new_id}.json"
-
-
 def _copy_report(bucket: str, key: str, etag: str, copy_key: str) -> None:
     # Conditional on the ETag read: the copy is the very report whose failed files were counted.
     make_client().copy_object(
@@ -1068,7 +1063,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
                 "started. Pass another --id (or none).",
                 EXIT_ID_USED,
             )
-    copy_key = report_copy_key(job.output_prefix, new_id)
+    copy_key = layout.report_copy_key(job.output_prefix, new_id)
     copy_uri = f"s3://{job.output_bucket}/{copy_key}"
     await asyncio.to_thread(_copy_report, job.output_bucket, key, etag, copy_key)
     redrive = S3BatchInput.model_validate({**job.model_dump(), "only_failed_of": copy_uri})

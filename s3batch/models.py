@@ -164,9 +164,11 @@ class Totals(_Model):
     files_not_started: int = 0
     """Files listed but never started because the job was cancelled."""
     records: int = 0
-    """Records read from the sources (written + rejected)."""
+    """Records read from the sources (written + rejected + dropped, for handlers that account for each)."""
     records_written: int = 0
     rejected: int = 0
+    dropped: int = 0
+    """Records the handlers dropped (neither written nor rejected)."""
     bytes_read: int = 0
 
 

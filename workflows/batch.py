@@ -316,22 +316,26 @@ class S3BatchWorkflow:
             ),
         }
         results: list[FileResult] = []
+        handle: workflow.ActivityHandle[Any]
+        if len(group) == 1:
+            handle = workflow.start_activity_method(
+                S3Activities.process_file, self._file_input(group[0]), summary=group[0].key, **options
+            )
+        else:
+            handle = workflow.start_activity_method(
+                S3Activities.process_group,
+                ProcessGroupInput(file=self._file_input(group[0]), more=group[1:]),
+                summary=f"{group[0].key} and {len(group) - 1} more small files",
+                **options,
+            )
         try:
-            if len(group) == 1:
-                result = await workflow.execute_activity_method(
-                    S3Activities.process_file, self._file_input(group[0]), summary=group[0].key, **options
-                )
-                results = [result]
-            else:
-                results = await workflow.execute_activity_method(
-                    S3Activities.process_group,
-                    ProcessGroupInput(file=self._file_input(group[0]), more=group[1:]),
-                    summary=f"{group[0].key} and {len(group) - 1} more small files",
-                    **options,
-                )
+            outcome = await handle
+            results = outcome if isinstance(outcome, list) else [outcome]
         except asyncio.CancelledError:
-            # Only the job's cancellation cancels this task; the activity has already stopped.
-            results = [_cancelled_result(obj) for obj in group]
+            # Only the job's cancellation cancels this task; the activity has already stopped. When
+            # it completed in the very activation that cancelled it, the SDK still raises: its
+            # result (the files it finished) is then taken from the handle.
+            results = _completed_anyway(handle) or [_cancelled_result(obj) for obj in group]
         except ActivityError as err:
             if self._cancelling and is_cancelled_exception(err):
                 results = [_cancelled_result(obj) for obj in group]
@@ -394,6 +398,7 @@ class S3BatchWorkflow:
         totals.records_written += result.records_written
         totals.rejected += result.rejected
         totals.bytes_read += result.bytes_read
+        totals.dropped += result.dropped
         if self._state.done_digest is not None:
             self._state.done_digest = combine(self._state.done_digest, key_digest([result.key]))
         self._results.append(result)
@@ -603,6 +608,20 @@ class S3BatchWorkflow:
                 else ""
             )
         )
+
+
+def _completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] | None:
+    """The results of an activity that completed while its task was being cancelled, if it did.
+
+    temporalio 1.35 keeps that result on the handle's private ``_result_fut``; without it (another
+    SDK version) the files are reported cancelled, and their committed output is found by a redrive.
+    """
+    fut = getattr(handle, "_result_fut", None)
+    if not isinstance(fut, asyncio.Future) or not fut.done() or fut.cancelled() or fut.exception() is not None:
+        return None
+    outcome = fut.result()
+    items = outcome if isinstance(outcome, list) else [outcome]
+    return [item for item in items if isinstance(item, FileResult)] or None
 
 
 def _cancelled_result(obj: ObjectRef, *, started: bool = True) -> FileResult:
