@@ -98,17 +98,17 @@ def inexact_positions(data: bytes) -> list[int]:
     for shape in _CANDIDATES:
         p = t.rfind(shape)
         while p >= 0:
-            floor = max(0, p - 64)
+            floor = p - 32 if p > 32 else 0
             before = t[floor:p]
-            start = p - (len(before) - len(before.rstrip(b"0.")))
-            after = t[p : p + 64]
+            start = p - len(before) + len(before.rstrip(b"0."))
+            after = t[p : p + 32]
             end = p + len(after) - len(after.lstrip(b"0."))
-            if t[end : end + 1] == b"e":
-                match = _NUMBER_SHAPE.match(t, start)
-                end = match.end() if match else end
-            if start == floor:
-                found.append(start)  # 64+ digits
+            if (start == floor and floor) or end == p + 32:
+                found.append(start)  # 32+ digits: not worth a closer look
             else:
+                if t[end : end + 1] == b"e":  # an exponent
+                    match = _NUMBER_SHAPE.match(t, start)
+                    end = match.end() if match else end
                 candidates.append((start, data[start:end]))
             p = t.rfind(shape, 0, start)
     if candidates:

@@ -458,12 +458,12 @@ def _check_column_names(row: list[str], line: int) -> None:
         if not name:
             raise ValueError(
                 f"column {number} of the header row (line {line}) has no name; every column needs a "
-                "distinct, non-empty name: name it in the file's first row"
+                "distinct, non-empty name: name it in the header row"
             )
         if name in seen:
             raise ValueError(
                 f"columns {seen[name]} and {number} of the header row (line {line}) have the same name, "
-                "so one column's values would be lost; give every column a distinct name in the file's first row"
+                "so one column's values would be lost; give every column a distinct name in the header row"
             )
         seen[name] = number
 
