@@ -316,9 +316,9 @@ def cli_json(stdout: str) -> Any:
 
 
 def update_result(stdout: str) -> dict[str, Any]:
-    """The value an update returned, from ``temporal workflow update execute -o json``."""
-    data = cli_json(stdout)
-    return data["result"] if isinstance(data, dict) and "result" in data else data
+    """The value an update returned, from ``temporal workflow update execute -o json``
+    (``{"name": ..., "updateId": ..., "result": ...}``)."""
+    return json.loads(stdout)["result"]
 
 
 async def test_temporal_cli_queries_cancels_and_lists_jobs_by_status(
@@ -362,9 +362,7 @@ async def test_temporal_cli_queries_cancels_and_lists_jobs_by_status(
     q = await run("temporal", "workflow", "query", *address, "--workflow-id", handle.id, "--name", "progress",
                   "-o", "json")
     assert q.code == 0, q
-    answer = cli_json(q.stdout)
-    answer = answer.get("queryResult", answer)
-    answer = answer[0] if isinstance(answer, list) else answer
+    [answer] = json.loads(q.stdout)["queryResult"]
     assert answer["files_listed"] == len(keys) and answer["files_in_flight"] == 1, q.stdout
     assert answer["in_flight"] == keys[:1] and answer["paused"] is False, q.stdout
 
