@@ -26,9 +26,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from s3batch import layout
-from s3batch.accounting import ACCOUNTING_ERROR
+from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
 from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
 from s3batch.models import (
+    REDRIVE_STATUSES,
     Checkpoint,
     FileResult,
     FinalReportInput,
@@ -90,6 +91,19 @@ def _any_object(s3: S3Client, bucket: str, prefix: str) -> bool:
     except (ClientError, BotoCoreError) as err:
         raise_s3_error(err, "listing", bucket, prefix)
     return bool(listed.get("KeyCount") or listed.get("Contents"))
+
+
+def _redrive_plan(report: dict[str, Any], prefix: str) -> tuple[list[str], str | None]:
+    """What a redrive of ``report`` processes: the keys of its failed, cancelled and never-started
+    files under ``prefix``, and where the rest of its listing starts (None when its listing ended,
+    ``""`` when it never listed a page)."""
+    keys = [
+        f["key"] for f in report["files"] if f.get("status") in REDRIVE_STATUSES and str(f["key"]).startswith(prefix)
+    ]
+    listing = report.get("listing") or {}
+    if listing.get("done", True):
+        return keys, None
+    return keys, listing.get("continuation_token") or ""
 
 
 def _strip_etag(etag: str) -> str:
@@ -226,13 +240,16 @@ class S3Activities:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
         if req.report:
             return self._list_failed(req)
-        kwargs: dict[str, Any] = {"Bucket": req.bucket, "Prefix": req.prefix, "MaxKeys": req.page_size}
-        if req.continuation_token:
-            kwargs["ContinuationToken"] = req.continuation_token
+        return self._list_page(req.bucket, req.prefix, req.page_size, req.continuation_token)
+
+    def _list_page(self, bucket: str, prefix: str, page_size: int, continuation_token: str | None) -> ListObjectsResult:
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
+        if continuation_token:
+            kwargs["ContinuationToken"] = continuation_token
         try:
             response = self.s3.list_objects_v2(**kwargs)
         except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "listing", req.bucket, req.prefix or None)
+            raise_s3_error(err, "listing", bucket, prefix or None)
         objects = [
             ObjectRef(key=item["Key"], etag=_strip_etag(item["ETag"]), size=item["Size"])
             for item in response.get("Contents", [])
@@ -258,14 +275,21 @@ class S3Activities:
         return report
 
     def _list_failed(self, req: ListObjectsInput) -> ListObjectsResult:
-        """A page of the files that failed in an earlier job, pinned to their current version."""
+        """A page of the files to redrive from an earlier job's report, pinned to their current version:
+        those that failed, were cancelled or never started, then, when that job was cancelled before
+        its listing ended, the rest of its listing (from where it stopped).
+
+        Continuation tokens: ``"<n>"`` is the n-th file of the report to redrive, ``"s3:<token>"`` a
+        position in the rest of the listing (``"s3:"`` its start).
+        """
         assert req.report is not None
-        keys = [
-            f["key"]
-            for f in self._read_report(req.report)["files"]
-            if f.get("status") in ("failed", "cancelled") and f["key"].startswith(req.prefix)
-        ]
-        start = int(req.continuation_token or 0)
+        report = self._read_report(req.report)
+        keys, rest = _redrive_plan(report, req.prefix)
+        token = req.continuation_token or "0"
+        if token.startswith("s3:"):
+            page = self._list_page(req.bucket, req.prefix, req.page_size, token[3:] or None)
+            return page.model_copy(update={"next_token": None if page.next_token is None else f"s3:{page.next_token}"})
+        start = int(token)
         objects = []
         for key in keys[start : start + req.page_size]:
             try:
@@ -277,7 +301,11 @@ class S3Activities:
                 # Gone since: the file activity reports it as NotFound, like any deleted source.
                 objects.append(ObjectRef(key=key, etag="deleted", size=0))
         end = start + req.page_size
-        return ListObjectsResult(objects=objects, next_token=str(end) if end < len(keys) else None)
+        if end < len(keys):
+            next_token: str | None = str(end)
+        else:
+            next_token = None if rest is None else f"s3:{rest}"
+        return ListObjectsResult(objects=objects, next_token=next_token)
 
     # ------------------------------------------------------------------ one file
 
@@ -433,6 +461,30 @@ class S3Activities:
                 raise_s3_error(err, "reading report segment", job.output_bucket, key)
             files.extend(orjson.loads(line) for line in body.splitlines() if line)
         files.extend(f.model_dump(mode="json") for f in req.files)
+        totals = req.totals.model_dump(mode="json")
+        digest = req.listed_digest
+        listing: dict[str, Any] = {
+            "done": req.listing_done,
+            "continuation_token": req.continuation_token,
+            "last_listed_key": req.last_listed_key,
+        }
+        if not req.listing_done and job.only_failed_of:
+            # A redrive cancelled before it listed all it had to redrive: the rest of the redriven
+            # report becomes this report's never-started files, and its listing goes on where that
+            # report's did, so a redrive of this job picks up exactly what is left.
+            keys, rest = _redrive_plan(self._read_report(job.only_failed_of), job.prefix)
+            token = req.continuation_token or "0"
+            if token.startswith("s3:"):
+                unlisted, rest = [], token[3:]
+            else:
+                unlisted = keys[int(token) :]
+            files.extend(FileResult.not_started(key).model_dump(mode="json") for key in unlisted)
+            totals["files_listed"] += len(unlisted)
+            totals["files_not_started"] += len(unlisted)
+            if digest is not None:
+                digest = combine(digest, key_digest(unlisted))
+            listing = {"done": rest is None, "continuation_token": rest, "last_listed_key": req.last_listed_key}
+        problems = report_problems(files, totals, digest)
         report = {
             "job_id": req.job_id,
             "status": req.status,
@@ -440,11 +492,22 @@ class S3Activities:
             "source": f"s3://{job.bucket}/{job.prefix}",
             "output": f"s3://{job.output_bucket}/{job.output_prefix}",
             "input": job.model_dump(mode="json"),
-            "totals": req.totals.model_dump(mode="json"),
+            "totals": totals,
+            "listing": listing,
             "files": files,
         }
+        if problems:
+            report["status"] = "failed"
+            report["accounting_errors"] = problems
         key = layout.report_key(job.output_prefix)
         self._put(job.output_bucket, key, json.dumps(report, indent=1).encode(), "application/json")
+        if problems:
+            raise ApplicationError(
+                f"accounting error: the job's books do not add up: {'; '.join(problems)}. The report at "
+                f"s3://{job.output_bucket}/{key} says so; this is a bug in s3batch, please report it.",
+                type=ACCOUNTING_ERROR,
+                non_retryable=True,
+            )
         return key
 
     def _put(self, bucket: str, key: str, body: bytes, content_type: str) -> None:

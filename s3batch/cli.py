@@ -71,6 +71,7 @@ from s3batch import WORKFLOW_TYPE, layout
 from s3batch import search_attributes as sa
 from s3batch.config import Settings, connect, connect_config, ui_base
 from s3batch.models import (
+    REDRIVE_STATUSES,
     Checkpoint,
     ObjectRef,
     ProcessFileInput,
@@ -991,8 +992,6 @@ async def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-REDRIVE_STATUSES = ("failed", "cancelled", "not_started")
-"""File statuses in a report that a redrive processes again (as the workflow's listing does)."""
 
 
 def _copy_report(bucket: str, key: str, etag: str, copy_key: str) -> None:
@@ -1044,7 +1043,9 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         for f in report.get("files", [])
         if f.get("status") in REDRIVE_STATUSES and str(f.get("key", "")).startswith(job.prefix)
     ]
-    if not files:
+    # A job cancelled before its listing ended also left the rest of its listing undone.
+    unlisted = not (report.get("listing") or {}).get("done", True)
+    if not files and not unlisted:
         raise CliError(
             f"job {wid!r} has no failed or cancelled files in its report {uri}: nothing to redrive",
             EXIT_ID_USED,
@@ -1071,7 +1072,8 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     if not args.json:
         out.print(
             f"Redriving {len(files)} file(s) of job [bold]{wid}[/] ({counts['failed']} failed, "
-            f"{counts['cancelled']} cancelled, {counts['not_started']} not started) into the same output "
+            f"{counts['cancelled']} cancelled, {counts['not_started']} not started)"
+            f"{', then the files it never listed,' if unlisted else ''} into the same output "
             f"s3://{job.output_bucket}/{job.output_prefix}"
         )
         out.print(f"  original report kept at {copy_uri} (the new job writes {uri} when it ends)")

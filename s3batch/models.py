@@ -32,6 +32,9 @@ FileStatus = Literal["succeeded", "failed", "cancelled", "not_started"]
 with its checkpoint, so a later job over the same output resumes it. ``not_started``: the job was
 cancelled before the file started (a redrive of the job processes it)."""
 
+REDRIVE_STATUSES = ("failed", "cancelled", "not_started")
+"""File statuses in a report that a redrive (``only_failed_of``) processes again."""
+
 JobStatus = Literal["succeeded", "failed", "cancelled"]
 
 
@@ -297,6 +300,11 @@ class FileResult(_Model):
     """``next_record`` the final attempt started from; 0 when it started fresh."""
     error: str | None = None
 
+    @classmethod
+    def not_started(cls, key: str, etag: str = "") -> FileResult:
+        """A file listed (or due to be redriven) that a cancelled job never started."""
+        return cls(key=key, etag=etag, status="not_started", attempts=0, error="job cancelled before this file started")
+
 
 class ReportSegmentInput(_Model):
     output_bucket: str
@@ -319,7 +327,9 @@ class FinalReportInput(_Model):
     listing_done: bool = True
     """False for a job cancelled before its listing ended."""
     last_listed_key: str | None = None
-    """Where a redrive goes on listing when ``listing_done`` is False."""
+    """The last key listed (for people reading the report)."""
+    continuation_token: str | None = None
+    """Where the listing stopped when ``listing_done`` is False: a redrive goes on from there."""
 
 
 class Progress(_Model):

@@ -220,7 +220,7 @@ class S3BatchWorkflow:
         # Files that never started are in the report too (a redrive of this job picks them up), and
         # the listing's position: a redrive lists on after the last key this job saw.
         for obj in self._state.pending:
-            self._record(_cancelled_result(obj, started=False))
+            self._record(FileResult.not_started(obj.key, obj.etag))
         self._state.pending = []
         workflow.logger.info(
             "job cancelled: %d file(s) stopped in flight, %d not started",
@@ -475,6 +475,7 @@ class S3BatchWorkflow:
                     listed_digest=st.listed_digest,
                     listing_done=st.listing_done,
                     last_listed_key=st.last_listed_key,
+                    continuation_token=None if st.listing_done else st.continuation_token,
                 ),
                 **_SHORT_ACTIVITY,
             )
@@ -624,15 +625,12 @@ def _completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] 
     return [item for item in items if isinstance(item, FileResult)] or None
 
 
-def _cancelled_result(obj: ObjectRef, *, started: bool = True) -> FileResult:
+def _cancelled_result(obj: ObjectRef) -> FileResult:
     return FileResult(
         key=obj.key,
         etag=obj.etag,
-        status="cancelled" if started else "not_started",
-        attempts=1 if started else 0,
-        error="job cancelled: stopped at a chunk boundary after its last checkpoint"
-        if started
-        else "job cancelled before this file started",
+        status="cancelled",
+        error="job cancelled: stopped at a chunk boundary after its last checkpoint",
     )
 
 
