@@ -22,13 +22,12 @@ numbers (the text may differ where the value does not: ``1.50`` is written ``1.5
 
 **The fast path.** :func:`inexact_positions` finds, in a block of raw bytes, the places where a
 number could lose precision in orjson: 20 or more digits, a 16-digit mantissa with an exponent, a
-negative integer of 19 digits, and, looked at more closely, decimals with 8 or more digits before
-the point or 9 after it and negative exponents of three digits (kept on the fast path when the text
-is the shortest text of the double it reads as, as Python, JavaScript and orjson write doubles).
-Lines without such a place are decoded by ``orjson.loads`` alone; the check costs one
-``bytes.translate`` and six ``bytes.rfind`` per block of lines. Lines that have one (digits inside
-strings included, so the check has false positives but no false negatives) and lines orjson refuses
-go through :func:`loads_exact`.
+negative integer of 19 digits, a decimal with 8 or more digits before the point or 9 after it, a
+negative exponent of three digits. Lines without such a place are decoded by ``orjson.loads`` alone;
+the check costs one ``bytes.translate`` and six ``bytes.rfind`` per block of lines. A line with one
+is decoded by orjson and cleared by :func:`numbers_as_written` when orjson writes its numbers back
+as they are written (the shortest text of a double, as Python, JavaScript and orjson write doubles,
+or digits inside a string); otherwise, and for lines orjson refuses, :func:`loads_exact` decodes it.
 """
 
 from __future__ import annotations
@@ -65,78 +64,56 @@ def _translation() -> bytes:
 
 
 _NUMBER_CLASSES = _translation()
-# Shapes (digits as 0) that orjson may not read exactly: reported as they are.
-_ALWAYS = (
-    b"0" * 20,  # 20+ digits: beyond 64 bits, or a long mantissa
-    b"0" * 16 + b"e",  # a 16+ digit mantissa with an exponent
-    b"-" + b"0" * 19,  # below -2**63 (and the sentinels of loads_exact)
-)
-# Shapes whose number is looked at: a decimal with 8+ digits before its point or 9+ after it (16+
-# significant digits need one of them), and a negative exponent of 3+ digits (underflow).
-_CANDIDATES = (b"0" * 8 + b".", b"." + b"0" * 9, b"e-000")
-_NUMBER_SHAPE = re.compile(rb"[0.]*+(?:e[-+]?0++)?")
+# Shapes (digits as 0) where a number may not read exactly in orjson: 20+ digits (beyond 64 bits, or
+# a long mantissa), a 16+ digit mantissa with an exponent, a negative 19-digit integer (below -2**63,
+# and the sentinels of loads_exact), a decimal with 8+ digits before its point or 9+ after it (16+
+# significant digits need one of them) and a negative exponent of 3+ digits (underflow).
+_SHAPES = (b"0" * 20, b"0" * 16 + b"e", b"-" + b"0" * 19, b"0" * 8 + b".", b"." + b"0" * 9, b"e-000")
 
 
 def inexact_positions(data: bytes) -> list[int]:
     """Positions in ``data`` (sorted) where a JSON number may not survive ``orjson.loads`` exactly.
 
-    An empty list means every number in ``data`` decodes exactly with orjson: integers up to 19
+    An empty list means every number in ``data`` decodes exactly with orjson: integers of up to 19
     digits (orjson holds -2**63..2**64-1) and decimals of up to 15 significant digits in the normal
-    range, or written as the shortest text of a double (what Python, JavaScript and orjson write)
-    pass; a longer or out-of-range number is reported, inside a JSON string too (the exact path then
-    finds nothing to change). No false negatives: the property tests check it against orjson.
+    range. Such numbers inside JSON strings are reported too (:func:`numbers_as_written` then
+    clears the line cheaply). No false negatives: the property tests check it against orjson.
     """
     # Searched from the end: on this kind of text, bytes.rfind skips ahead much faster than find.
     t = data.translate(_NUMBER_CLASSES)
     found: list[int] = []
-    for shape in _ALWAYS:
+    for shape in _SHAPES:
         p = t.rfind(shape)
         while p >= 0:
-            found.append(p)
+            if shape[0] != 101 or (p and t[p - 1] == 48):  # an exponent only after a digit
+                found.append(p)
             p = t.rfind(shape, 0, p)
-    candidates: list[tuple[int, bytes]] = []
-    for shape in _CANDIDATES:
-        p = t.rfind(shape)
-        while p >= 0:
-            floor = p - 32 if p > 32 else 0
-            before = t[floor:p]
-            start = p - len(before) + len(before.rstrip(b"0."))
-            after = t[p : p + 32]
-            end = p + len(after) - len(after.lstrip(b"0."))
-            if (start == floor and floor) or end == p + 32:
-                found.append(start)  # 32+ digits: not worth a closer look
-            else:
-                if t[end : end + 1] == b"e":  # an exponent
-                    match = _NUMBER_SHAPE.match(t, start)
-                    end = match.end() if match else end
-                candidates.append((start, data[start:end]))
-            p = t.rfind(shape, 0, start)
-    if candidates:
-        # Most such numbers are the shortest text of a double (how doubles are written): then orjson
-        # writes back the same text. One round trip checks them all; the others one by one.
-        joined = b"[" + b",".join(token for _, token in candidates) + b"]"
-        try:
-            same = _dumps(_loads(joined)) == joined
-        except orjson.JSONDecodeError:
-            same = False
-        if not same:
-            found.extend(start for start, token in candidates if not _read_exactly(token))
     found.sort()
     return found
 
 
-def _read_exactly(token: bytes) -> bool:
-    """Whether orjson (correctly rounded, like ``float``) reads the number ``token`` exactly."""
-    if token.count(b".") > 1:
-        return True  # not a number (a version, an address): text inside a string
-    try:
-        as_float = float(token)
-    except ValueError:
-        return True  # not a number either; an invalid one makes orjson fail, then the exact path runs
-    if not math.isfinite(as_float):
+_JSON_WHITESPACE = b" \t\r\n"
+
+
+def numbers_as_written(raw: bytes, value: Any) -> bool:
+    """Whether ``value``, orjson's reading of the JSON text ``raw``, holds every number of it exactly.
+
+    A cheap proof for the common case: without escapes in ``raw``, orjson writes every string and
+    literal back byte for byte and keeps the order, so ``orjson.dumps(value)`` differs from ``raw``
+    only in whitespace and in numbers; when both are the same bytes once whitespace is removed
+    (numbers stay delimited by ``,:]}``), every number was written back as it was read: it is the
+    shortest text of the double it reads as (how Python, JavaScript and orjson write doubles), or
+    an integer orjson holds. False means "not proven": decode exactly.
+    """
+    if b"\\" in raw:
         return False
-    shortest = repr(as_float)
-    return shortest == token.decode() or Decimal(shortest) == Decimal(token.decode())
+    try:
+        written = _dumps(value)
+    except TypeError:  # deeper than orjson writes
+        return False
+    if written == raw.strip():  # compact text, as orjson, JavaScript and most writers give it
+        return True
+    return written.translate(None, _JSON_WHITESPACE) == raw.translate(None, _JSON_WHITESPACE)
 
 
 # A JSON string (skipped as a whole, so digits inside strings are never touched) or a number token

@@ -48,7 +48,7 @@ from typing import IO, Any, Literal, NamedTuple
 
 import orjson
 
-from s3batch.jsonvalues import MAX_DEPTH, inexact_positions, loads_exact
+from s3batch.jsonvalues import MAX_DEPTH, inexact_positions, loads_exact, numbers_as_written
 
 ParsedFormat = Literal["csv", "jsonl"]
 
@@ -485,6 +485,18 @@ def _decode_json(raw: bytes, line: int) -> Record:
         return Record(line, None, f"invalid JSON: {message}")
 
 
+def _decode_checked(raw: bytes, line: int) -> Record:
+    """A line that may hold a number orjson changes: orjson's reading if it provably holds every
+    number exactly, else the exact decoder's."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _decode_json(raw, line)
+    if numbers_as_written(raw, value):
+        return tuple.__new__(Record, (line, value, None))
+    return _decode_json(raw, line)
+
+
 class JsonlParser:
     """One JSON value per line; blank lines are skipped."""
 
@@ -562,11 +574,11 @@ class JsonlParser:
                     src.lines, src.offset = n, off
                     yield Record(n, None, _too_long("line", max_bytes))
                 elif off > next_inexact:
-                    # A number orjson would change is on this line.
+                    # A number orjson may change is on this line.
                     while next_inexact < off:
                         next_inexact = base + next(following, _FAR)
                     src.lines, src.offset = n, off
-                    yield _decode_json(raw, n)
+                    yield _decode_checked(raw, n)
                 elif raw and not raw.isspace():
                     src.lines, src.offset = n, off
                     try:

@@ -18,7 +18,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact
+from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
 from s3batch.records import CsvParser, JsonlParser, Record, make_parser
 
 BOM = b"\xef\xbb\xbf"
@@ -403,6 +403,20 @@ def test_every_number_orjson_would_change_is_found(token: str, before: str, afte
     if fast is not None and not _same(fast, exact):
         assert inexact_positions(line), line
     assert _same(loads_exact(line)[1], exact)
+
+
+@bounded(1000)
+@given(tree=json_trees, spaced=st.booleans(), ascii_only=st.booleans())
+def test_numbers_as_written_never_clears_a_line_orjson_changes(
+    tree: tuple[str, Any], spaced: bool, ascii_only: bool
+) -> None:
+    line = _text(tree, spaced, ascii_only).encode()
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return
+    if numbers_as_written(line, value):
+        assert _same(value, _expected(tree)), line
 
 
 orjson_values = st.recursive(
