@@ -3,7 +3,7 @@
 orjson is fast, but it reads every number into a 64-bit integer or a double: an integer beyond
 64 bits becomes a float (``123456789012345678901234567890`` reads as ``1.2345678901234568e+29``),
 ``0.1000000000000000055511151231257827`` reads as ``0.1``, ``1e-400`` as ``0.0``, and ``1e400`` is
-refused. Its writer refuses integers beyond 64 bits and nesting deeper than 255 levels. This module
+refused. Its writer refuses integers beyond 64 bits and nesting past about 255 levels. This module
 keeps orjson for the common case and takes a slower exact path only where a value would change.
 
 **The decoding rule.** A JSON number comes back as
