@@ -28,6 +28,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, Ca
 from s3batch import layout
 from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
 from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
+from s3batch.jsonvalues import encode_json
 from s3batch.models import (
     REDRIVE_STATUSES,
     Checkpoint,
@@ -931,7 +932,7 @@ class _FileJob:
             output.extend(result.output)
         else:
             try:
-                output.extend(map(orjson.dumps, result.output))
+                output.extend(map(encode_json, result.output))
             except TypeError as err:
                 raise ApplicationError(
                     f"handler {self.req.handler!r} returned a value that is not JSON-serialisable for "
@@ -971,7 +972,7 @@ class _FileJob:
         if rejects:
             rejects.sort(key=lambda r: r.line)  # parser and handler rejects, in file order
             body = b"".join(
-                orjson.dumps({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
+                encode_json({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
             )
             self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         body = b"\n".join(output) + b"\n" if output else b""
