@@ -11,16 +11,21 @@ thread pool when the worker has none::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+)
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkerConfig
 
 from activities.s3_activities import S3Activities
-from s3batch.codec import EncryptionCodec, key_from_env
+from s3batch.codec import EncryptionCodec, allow_plaintext_from_env, codec_from_env
 from s3batch.s3io import S3Client, make_client
 from workflows.batch import S3BatchWorkflow
 
@@ -28,12 +33,23 @@ _DEFAULT_ACTIVITY_SLOTS = 100  # the SDK's default max_concurrent_activities
 
 
 def _converter(existing: DataConverter | None, codec: EncryptionCodec | None) -> DataConverter:
-    # Keep whatever failure converter the user configured; swap in the pydantic payload converter
-    # and, when a key is given, the encryption codec.
+    # Swap in the pydantic payload converter and, when a key is given, the encryption codec and a
+    # failure converter that moves each failure's message and stack trace into its (encrypted)
+    # encoded attributes: they name buckets and keys. A failure converter the user configured is
+    # kept without a key; with one, it must encode those attributes too, or the promise is broken.
     base = existing or pydantic_data_converter
     changes: dict[str, Any] = {"payload_converter_class": pydantic_data_converter.payload_converter_class}
     if codec is not None:
         changes["payload_codec"] = codec
+        failures = base.failure_converter_class
+        if failures is DefaultFailureConverter:
+            changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
+        elif not getattr(base.failure_converter, "_encode_common_attributes", False):
+            raise ValueError(
+                f"encryption is on, but the data converter's failure converter {failures.__name__} leaves "
+                "failure messages in plain text: use DefaultFailureConverterWithEncodedAttributes (or a "
+                "subclass of DefaultFailureConverter created with encode_common_attributes=True)"
+            )
     return dataclasses.replace(base, **changes)
 
 
@@ -43,16 +59,35 @@ class S3BatchPlugin(SimplePlugin):
     Args:
         s3: The boto3 S3 client the activities use; by default one is built from the environment
             (``AWS_ENDPOINT_URL_S3``, ``AWS_REGION``, credentials) when a worker is configured.
-        encryption_key: 32-byte AES key: every payload is encrypted before it reaches Temporal
-            (see ``s3batch.codec``). Defaults to ``S3BATCH_ENCRYPTION_KEY`` when set; ``b""`` turns
-            encryption off whatever the environment says.
+        encryption_key: 32-byte AES key, or a keyring (a list of keys, the first one current):
+            every payload, and the message and stack trace of every failure, is encrypted before it
+            reaches Temporal (see ``s3batch.codec`` and docs/SECURITY.md). Defaults to the keys the
+            environment gives (``S3BATCH_ENCRYPTION_KEY``, ``S3BATCH_ENCRYPTION_KEYS`` or
+            ``S3BATCH_ENCRYPTION_KEY_FILE``); ``b""`` turns encryption off whatever the environment
+            says.
+        allow_plaintext: With a key, accept payloads that are not encrypted instead of refusing
+            them (only while jobs started before encryption was turned on still run). Defaults to
+            ``S3BATCH_ENCRYPTION_ALLOW_PLAINTEXT``.
     """
 
-    def __init__(self, s3: S3Client | None = None, *, encryption_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        s3: S3Client | None = None,
+        *,
+        encryption_key: bytes | Sequence[bytes] | None = None,
+        allow_plaintext: bool | None = None,
+    ) -> None:
         self._s3 = s3
         self._activities: S3Activities | None = None
-        key = key_from_env() if encryption_key is None else encryption_key
-        codec = EncryptionCodec(key) if key else None
+        codec: EncryptionCodec | None = None
+        if encryption_key is None:
+            codec = codec_from_env()
+        elif encryption_key:
+            codec = EncryptionCodec(encryption_key, strict=not allow_plaintext_from_env())
+        if codec is not None and allow_plaintext is not None:
+            codec.strict = not allow_plaintext
+        self.codec = codec
+        """The encryption codec, or None when encryption is off."""
         super().__init__(
             "s3batch",
             data_converter=lambda existing: _converter(existing, codec),
