@@ -1,0 +1,238 @@
+"""Encryption end to end, against the real Temporal dev server and SeaweedFS: with a key, what the
+server stores of a failed file and a failed job names no bucket, prefix or key (failure messages and
+stack traces are encrypted too) while a client with the key reads the same failures as without
+encryption; keys rotate under running jobs; a job whose payloads cannot be decoded fails at once,
+clearly, instead of retrying its workflow task forever."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.worker import Worker
+
+from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, key_id
+from s3batch.devstack import Stack
+from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.plugin import S3BatchPlugin, _converter
+from s3batch.s3io import make_client
+from workflows.batch import S3BatchWorkflow
+
+KEY = os.urandom(32)
+OLD_KEY = os.urandom(32)
+
+
+async def keyed(stack: Stack, keys: Any = KEY) -> Client:
+    plugin = S3BatchPlugin(make_client(), encryption_key=keys)
+    return await Client.connect(stack.config.temporal_address, plugins=[plugin])
+
+
+def new_worker(client: Client, task_queue: str) -> Worker:
+    return Worker(client, task_queue=task_queue, max_concurrent_activities=4, activity_executor=ThreadPoolExecutor(4))
+
+
+async def raw_history(stack: Stack, workflow_id: str) -> tuple[str, list[Any]]:
+    """The history as a client without the key (no plugin, no codec) sees it: JSON and events."""
+    bare = await Client.connect(stack.config.temporal_address)
+    history = await bare.get_workflow_handle(workflow_id).fetch_history()
+    return history.to_json(), list(history.events)
+
+
+def failures(events: list[Any]) -> list[Any]:
+    """Every failure stored in the history, causes included."""
+    found = []
+    for event in events:
+        for attrs in (
+            event.activity_task_failed_event_attributes,
+            event.workflow_execution_failed_event_attributes,
+            event.workflow_task_failed_event_attributes,
+        ):
+            failure = attrs.failure if attrs.HasField("failure") else None
+            while failure is not None:
+                found.append(failure)
+                failure = failure.cause if failure.HasField("cause") else None
+    return found
+
+
+def test_the_failure_converter_encodes_messages_only_with_a_key() -> None:
+    assert _converter(None, None).failure_converter_class is DefaultFailureConverter
+    codec = S3BatchPlugin(encryption_key=KEY).codec
+    assert _converter(None, codec).failure_converter_class is DefaultFailureConverterWithEncodedAttributes
+
+    class Custom(DefaultFailureConverter):
+        pass
+
+    # A failure converter of the user's that would leave messages in plain text is refused, not kept.
+    with pytest.raises(ValueError, match="leaves failure messages in plain text"):
+        _converter(DataConverter(failure_converter_class=Custom), codec)
+    assert _converter(DataConverter(failure_converter_class=Custom), None).failure_converter_class is Custom
+
+
+async def test_failed_files_and_jobs_reach_the_server_encrypted(
+    stack: Stack, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    tag = uuid.uuid4().hex[:8]
+    prefix = f"secret-prefix-{tag}/"
+    bad_key = f"{prefix}secret-file-{tag}.csv"
+    s3.put_object(Bucket=src, Key=bad_key, Body=b"\xff\xfename,city\n1,2\n")  # a header that is not UTF-8
+    s3.put_object(Bucket=src, Key=f"{prefix}fine-{tag}.jsonl", Body=b'{"a": 1}\n')
+    missing = f"secret-missing-{tag}"
+    secrets = [src, out, prefix, f"secret-file-{tag}", f"secret-out-{tag}", missing]
+
+    client = await keyed(stack)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    file_job, bucket_job = f"enc-fail-{tag}", f"enc-missing-{tag}"
+    async with new_worker(client, task_queue):
+        with pytest.raises(WorkflowFailureError) as failed_file:
+            await client.execute_workflow(
+                S3BatchWorkflow.run,
+                S3BatchInput(bucket=src, prefix=prefix, output_bucket=out, output_prefix=f"secret-out-{tag}/"),
+                id=file_job,
+                task_queue=task_queue,
+            )
+        with pytest.raises(WorkflowFailureError) as failed_job:
+            await client.execute_workflow(
+                S3BatchWorkflow.run,
+                S3BatchInput(bucket=missing, output_bucket=out, output_prefix=f"secret-out-{tag}/"),
+                id=bucket_job,
+                task_queue=task_queue,
+            )
+
+    # With the key, the failures read as they always did: type and message.
+    cause = failed_file.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "JobFailed", cause
+    assert "1 of 2 files failed" in cause.message and f"s3://{out}/secret-out-{tag}/" in cause.message
+    cause = failed_job.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError), cause
+    assert cause.cause.type == "NotFound" and f"s3://{missing}" in cause.cause.message
+
+    for job_id, top_type in ((file_job, "JobFailed"), (bucket_job, None)):
+        raw, events = await raw_history(stack, job_id)
+        for secret in secrets:
+            assert secret not in raw, f"{secret!r} in the history of {job_id} read without the key"
+        stored = failures(events)
+        assert stored, f"no failure in the history of {job_id}"
+        # What stays visible: the placeholder message, the types, no stack trace.
+        for failure in stored:
+            assert failure.message == "Encoded failure" and failure.stack_trace == "", failure
+            assert failure.encoded_attributes.metadata["encoding"] == b"binary/encrypted"
+        [closed] = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED]
+        top = closed.workflow_execution_failed_event_attributes.failure
+        if top_type:
+            assert top.application_failure_info.type == top_type
+        else:
+            assert top.HasField("activity_failure_info") and top.cause.application_failure_info.type == "NotFound"
+
+    # The failed file's own failure (its activity's) decodes with the key: bucket, key and reason.
+    _, events = await raw_history(stack, file_job)
+    activity_failures = [
+        e.activity_task_failed_event_attributes.failure
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+    ]
+    decoded = [await client.data_converter.decode_failure(f) for f in activity_failures]
+    reported = [str(err) for err in decoded] + [await file_result_error(client, file_job)]
+    assert any(f"secret-file-{tag}.csv" in text and "UTF-8" in text for text in reported), reported
+
+
+async def file_result_error(client: Client, job_id: str) -> str:
+    """The failed file's error as the job recorded it (in an activity result: a payload)."""
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    texts = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            result = event.activity_task_completed_event_attributes.result
+            texts.extend(str(v) for v in await client.data_converter.decode(list(result.payloads)))
+    return "\n".join(texts)
+
+
+async def test_keys_rotate_under_a_running_job(stack: Stack, s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="a.jsonl", Body=b'{"a": 1}\n{"a": 2}\n')
+    old_client = await keyed(stack, OLD_KEY)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    job_id = f"enc-rotate-{uuid.uuid4().hex[:8]}"
+    # Started by a client that still has only the old key; run by workers that have the new one
+    # first and still know the old one.
+    await old_client.start_workflow(
+        S3BatchWorkflow.run, S3BatchInput(bucket=src, output_bucket=out), id=job_id, task_queue=task_queue
+    )
+    rotated = await keyed(stack, [KEY, OLD_KEY])
+    async with new_worker(rotated, task_queue):
+        result = await rotated.get_workflow_handle(job_id, result_type=S3BatchResult).result()
+    assert result.totals.records_written == 2
+    _, events = await raw_history(stack, job_id)
+    ids = {
+        p.metadata["encryption-key-id"]
+        for e in events
+        for p in [
+            *e.workflow_execution_started_event_attributes.input.payloads,
+            *e.activity_task_scheduled_event_attributes.input.payloads,
+        ]
+    }
+    assert ids == {key_id(OLD_KEY), key_id(KEY)}
+
+
+async def wait_closed(client: Client, job_id: str, timeout: float = 30) -> list[Any]:
+    """Events of a job once it closed; a failed workflow task (which the server retries forever)
+    fails the test at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, events = await raw_history_of(client, job_id)
+        task_failures = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+        if task_failures:
+            await client.get_workflow_handle(job_id).terminate("test: workflow task failed")
+            raise AssertionError(f"{job_id}: its workflow task fails and would be retried forever")
+        if any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED for e in events):
+            return events
+        assert time.monotonic() < deadline, f"{job_id} did not fail in {timeout} s"
+        await asyncio.sleep(0.2)
+
+
+async def raw_history_of(client: Client, job_id: str) -> tuple[str, list[Any]]:
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    return history.to_json(), list(history.events)
+
+
+async def test_a_job_whose_payloads_cannot_be_decoded_fails_clearly(stack: Stack, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    client = await keyed(stack)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    bare = await Client.connect(stack.config.temporal_address)
+    other = await keyed(stack, OLD_KEY)
+    job = {"bucket": src, "output_bucket": out}
+    plain_job, other_key_job = f"enc-plain-{uuid.uuid4().hex[:8]}", f"enc-other-{uuid.uuid4().hex[:8]}"
+    async with new_worker(client, task_queue):
+        # Started without the key (e.g. the temporal CLI without the codec server): refused.
+        await bare.start_workflow("S3BatchWorkflow", job, id=plain_job, task_queue=task_queue)
+        # Started with a key these workers do not have.
+        await other.start_workflow("S3BatchWorkflow", job, id=other_key_job, task_queue=task_queue)
+        for job_id in (plain_job, other_key_job):
+            events = await wait_closed(bare, job_id)
+            assert not [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+
+    with pytest.raises(WorkflowFailureError) as err:
+        await client.get_workflow_handle(plain_job).result()
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == PLAINTEXT_REFUSED and cause.non_retryable
+    assert "json/plain" in cause.message and src not in cause.message
+
+    with pytest.raises(WorkflowFailureError) as err:
+        await client.get_workflow_handle(other_key_job).result()
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == UNKNOWN_KEY
+    assert key_id(OLD_KEY).decode() in cause.message and key_id(KEY).decode() in cause.message
+
+    # Without the key, the type of the failure is still visible (and the job is FAILED, not hanging).
+    raw, _ = await raw_history(stack, other_key_job)
+    assert UNKNOWN_KEY in raw and src not in raw
