@@ -133,8 +133,17 @@ async def test_failed_files_and_jobs_reach_the_server_encrypted(
         else:
             assert top.HasField("activity_failure_info") and top.cause.application_failure_info.type == "NotFound"
 
-    # The failed file's own failure (its activity's) decodes with the key: bucket, key and reason.
     _, events = await raw_history(stack, file_job)
+    # The activities' summaries (the Web UI's labels: the file's key) are payloads, encrypted too.
+    summaries = [
+        e.user_metadata.summary
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.HasField("user_metadata")
+    ]
+    assert summaries and all(p.metadata["encoding"] == b"binary/encrypted" for p in summaries)
+
+    # The failed file's error decodes with the key: its key and the reason (it is recorded in the
+    # activity's result, or in its failure if the activity failed).
     activity_failures = [
         e.activity_task_failed_event_attributes.failure
         for e in events
