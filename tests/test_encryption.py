@@ -7,7 +7,11 @@ clearly, instead of retrying its workflow task forever."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
+import subprocess
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +24,7 @@ from temporalio.converter import DataConverter, DefaultFailureConverter, Default
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
-from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, key_id
+from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, CodecServer, EncryptionCodec, ServerConfig, key_id
 from s3batch.devstack import Stack
 from s3batch.models import S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin, _converter
@@ -28,6 +32,7 @@ from s3batch.s3io import make_client
 from workflows.batch import S3BatchWorkflow
 
 KEY = os.urandom(32)
+ENCRYPTED = base64.b64encode(b"binary/encrypted").decode()  # how it shows in protobuf JSON
 OLD_KEY = os.urandom(32)
 
 
@@ -245,3 +250,46 @@ async def test_a_job_whose_payloads_cannot_be_decoded_fails_clearly(stack: Stack
     # Without the key, the type of the failure is still visible (and the job is FAILED, not hanging).
     raw, _ = await raw_history(stack, other_key_job)
     assert UNKNOWN_KEY in raw and src not in raw
+
+
+async def test_the_temporal_cli_reads_an_encrypted_job_through_the_codec_server(
+    stack: Stack, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="cli-secret.jsonl", Body=b'{"a": 1}\n')
+    client = await keyed(stack)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    job_id = f"enc-cli-{uuid.uuid4().hex[:8]}"
+    async with new_worker(client, task_queue):
+        await client.execute_workflow(
+            S3BatchWorkflow.run, S3BatchInput(bucket=src, output_bucket=out), id=job_id, task_queue=task_queue
+        )
+    token = "cli-token-" + uuid.uuid4().hex
+    server = CodecServer(("127.0.0.1", 0), EncryptionCodec(KEY), ServerConfig(token=token, timeout=5))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    temporal = [stack.temporal_command()[0], "workflow", "show", "-w", job_id, "-o", "json"]
+    temporal += ["--address", stack.config.temporal_address, "--codec-endpoint", endpoint]
+
+    async def show(*extra: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(subprocess.run, [*temporal, *extra], capture_output=True, text=True, timeout=60)
+
+    def started_input(shown: str) -> bytes:
+        first = json.loads(shown)["events"][0]["workflowExecutionStartedEventAttributes"]
+        return base64.b64decode(first["input"]["payloads"][0]["data"])
+
+    try:
+        # The CLI sends X-Namespace and the --codec-auth header: the history comes back decoded.
+        shown = await show("--codec-auth", f"Bearer {token}")
+        assert shown.returncode == 0, shown.stderr
+        assert ENCRYPTED not in shown.stdout
+        assert json.loads(started_input(shown.stdout))["bucket"] == src
+        # Without the token, or with another one, nothing is decoded (the CLI retries, then fails).
+        for extra in ([], ["--codec-auth", "Bearer wrong-token-0123456789"]):
+            refused = await show("--command-timeout", "3s", *extra)
+            assert refused.returncode != 0 and src not in refused.stdout + refused.stderr, (extra, refused.stderr)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
