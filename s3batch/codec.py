@@ -206,8 +206,9 @@ class EncryptionCodec(PayloadCodec):
                 )
             return payload
         kid = meta.get("encryption-key-id", b"")
-        fmt = meta.get("encryption-format")
-        aead = (self._by_id if fmt == FORMAT else self._by_legacy_id).get(kid) if fmt in (FORMAT, None) else None
+        fmt = meta.get("encryption-format")  # absent: written before key rotation (no associated data)
+        ring = {FORMAT: self._by_id, None: self._by_legacy_id}.get(fmt, {})
+        aead = ring.get(kid)
         if aead is None:
             raise ApplicationError(
                 f"payload was encrypted with key ID {_printable(kid)} (format {_printable(fmt or b'1')}), which this "

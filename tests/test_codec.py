@@ -220,47 +220,54 @@ class Served:
         self.server.server_close()
         self.thread.join(5)
 
-    def post(
-        self,
-        path: str = "/decode",
-        payloads: list[Payload] | None = None,
-        *,
-        body: bytes | None = None,
-        token: str | None = TOKEN,
-        namespace: str | None = "default",
-        origin: str | None = None,
-        host: str | None = None,
-        headers: dict[str, str] | None = None,
-        context: ssl.SSLContext | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        if body is None:
-            body = json_format.MessageToJson(Payloads(payloads=payloads or [])).encode()
-        sent = {"Content-Type": "application/json", "Host": host or f"127.0.0.1:{self.port}"}
-        if token is not None:
-            sent["Authorization"] = f"Bearer {token}"
-        if namespace is not None:
-            sent["X-Namespace"] = namespace
-        if origin is not None:
-            sent["Origin"] = origin
-        sent.update(headers or {})
-        if context is not None:
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                "127.0.0.1", self.port, timeout=5, context=context
-            )
-        else:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-        try:
-            conn.putrequest("POST", path, skip_host=True, skip_accept_encoding=True)
-            for name, value in sent.items():
-                conn.putheader(name, value)
-            if "Content-Length" not in sent:
-                conn.putheader("Content-Length", str(len(body)))
-            conn.endheaders()
-            conn.send(body)
-            response = conn.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            conn.close()
+    def post(self, path: str = "/decode", payloads: list[Payload] | None = None, **kwargs: Any) -> Reply:
+        return post(self.port, path, payloads, **kwargs)
+
+
+Reply = tuple[int, dict[str, str], bytes]
+
+
+def post(
+    port: int,
+    path: str = "/decode",
+    payloads: list[Payload] | None = None,
+    *,
+    body: bytes | None = None,
+    token: str | None = TOKEN,
+    namespace: str | None = "default",
+    origin: str | None = None,
+    host: str | None = None,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> Reply:
+    """One real HTTP request to the codec server on ``port``: status, headers, body."""
+    if body is None:
+        body = json_format.MessageToJson(Payloads(payloads=payloads or [])).encode()
+    sent = {"Content-Type": "application/json", "Host": host or f"127.0.0.1:{port}"}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    if namespace is not None:
+        sent["X-Namespace"] = namespace
+    if origin is not None:
+        sent["Origin"] = origin
+    sent.update(headers or {})
+    conn = (
+        http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context)
+        if context is not None
+        else http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    )
+    try:
+        conn.putrequest("POST", path, skip_host=True, skip_accept_encoding=True)
+        for name, value in sent.items():
+            conn.putheader(name, value)
+        if "Content-Length" not in sent:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        conn.send(body)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
 
 
 @pytest.fixture
@@ -439,13 +446,11 @@ def test_codec_server_process_serves_with_the_token_from_the_environment() -> No
         assert proc.stdout is not None
         line = proc.stdout.readline()
         port = int(json.loads(line)["codec_server"].rsplit(":", 1)[1])
-        client = Served.__new__(Served)
-        client.port = port
         stored = EncryptionCodec(OLD_KEY).encrypt(plain())
-        assert client.post(payloads=[stored], namespace="default")[0] == 403
-        status, _, body = client.post(payloads=[stored], namespace="jobs")
+        assert post(port, payloads=[stored], namespace="default")[0] == 403
+        status, _, body = post(port, payloads=[stored], namespace="jobs")
         assert status == 200 and json_format.Parse(body, Payloads()).payloads[0] == plain()
-        assert client.post(payloads=[stored], namespace="jobs", token="wrong-token-0123456789")[0] == 401
+        assert post(port, payloads=[stored], namespace="jobs", token="wrong-token-0123456789")[0] == 401
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
