@@ -10,11 +10,13 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,10 +27,11 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
 from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, CodecServer, EncryptionCodec, ServerConfig, key_id
-from s3batch.devstack import Stack
+from s3batch.devstack import Stack, StackConfig
 from s3batch.models import S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin, _converter
 from s3batch.s3io import make_client
+from scripts.ui_screenshot import chromium
 from workflows.batch import S3BatchWorkflow
 
 KEY = os.urandom(32)
@@ -293,3 +296,74 @@ async def test_the_temporal_cli_reads_an_encrypted_job_through_the_codec_server(
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def page_text_with(url: str, needle: str, timeout: float) -> str:
+    """Open ``url`` in headless Chromium and return the page's HTML once it contains ``needle``
+    (or when ``timeout`` has passed)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            deadline = time.monotonic() + timeout
+            text = ""
+            while time.monotonic() < deadline:
+                text = page.content()
+                if needle in text:
+                    break
+                page.wait_for_timeout(250)
+            return text
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed here")
+async def test_the_web_ui_shows_an_encrypted_job_through_the_codec_server(
+    s3: Any, buckets: tuple[str, str], tmp_path: Path
+) -> None:
+    """The real Web UI of a dev server started with --ui-codec-endpoint, in a real browser: its
+    requests (preflight, Origin, X-Namespace) pass the codec server's checks and the page shows the
+    decrypted job input; with the UI's origin not allowed, it shows nothing decrypted."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="ui-secret.jsonl", Body=b'{"a": 1}\n')
+    config = StackConfig.random_ports(tmp_path)
+    codec_config = ServerConfig(token=None, allow_origins=[config.ui_url], timeout=5)
+    server = CodecServer(("127.0.0.1", 0), EncryptionCodec(KEY), codec_config)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    command = [*Stack(config).temporal_command(), "--ui-codec-endpoint", f"http://127.0.0.1:{server.server_port}"]
+    log = open(tmp_path / "temporal.log", "wb")  # noqa: SIM115 - the child keeps it
+    temporal = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    log.close()
+    try:
+        client = None
+        deadline = time.monotonic() + 60
+        while client is None:
+            try:
+                plugin = S3BatchPlugin(make_client(), encryption_key=KEY)
+                client = await Client.connect(config.temporal_address, plugins=[plugin])
+            except RuntimeError:
+                assert time.monotonic() < deadline and temporal.poll() is None, "second dev server did not start"
+                await asyncio.sleep(0.5)
+        task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+        job_id = f"enc-ui-{uuid.uuid4().hex[:8]}"
+        async with new_worker(client, task_queue):
+            handle = await client.start_workflow(
+                S3BatchWorkflow.run, S3BatchInput(bucket=src, output_bucket=out), id=job_id, task_queue=task_queue
+            )
+            await handle.result()
+        page = f"{config.ui_url}/namespaces/default/workflows/{job_id}/{handle.result_run_id}/history"
+        shown = await asyncio.to_thread(page_text_with, page, src, 60)
+        assert src in shown, "the Web UI did not show the decrypted input"
+        # The same page, from an origin the codec server does not allow: the UI reports that its
+        # codec server failed, and shows nothing decrypted.
+        codec_config.allow_origins = frozenset()
+        shown = await asyncio.to_thread(page_text_with, page, "data-encoder-status-error", 60)
+        assert "Codec Server could not connect" in shown and src not in shown
+    finally:
+        os.killpg(temporal.pid, signal.SIGTERM)
+        temporal.wait(15)
+        server.shutdown()
+        server.server_close()
