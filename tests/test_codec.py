@@ -495,3 +495,13 @@ async def test_encrypted_job_and_codec_server(stack: Stack, s3: Any, buckets: tu
     decoded = json.loads(body)
     job = json.loads(base64.b64decode(decoded["payloads"][0]["data"]))
     assert job["bucket"] == src and job["output_prefix"] == "enc/"
+
+
+def test_key_ids_command_prints_the_ids_current_first_and_never_a_key() -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("S3BATCH_")}
+    env = {**clean, "S3BATCH_ENCRYPTION_KEYS": f"{b64(KEY)}\n{b64(OLD_KEY)}"}
+    command = [sys.executable, "-m", "s3batch.codec", "key-ids"]
+    shown = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == [key_id(KEY).decode(), key_id(OLD_KEY).decode()]
+    assert b64(KEY) not in shown.stdout + shown.stderr
