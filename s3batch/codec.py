@@ -36,6 +36,7 @@ import os
 import socket
 import ssl
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -256,6 +257,7 @@ class ServerConfig:
             sends its own host name.
         max_body_bytes: Larger requests are refused before they are read.
         timeout: Socket timeout of each connection, in seconds.
+        max_connections: Connections served at once (a thread each); more are closed at once.
     """
 
     def __init__(
@@ -267,6 +269,7 @@ class ServerConfig:
         allow_hosts: Sequence[str] = (),
         max_body_bytes: int = 8 * 1024 * 1024,
         timeout: float = 10.0,
+        max_connections: int = 64,
     ) -> None:
         self.token = token
         self.namespace = namespace
@@ -274,6 +277,7 @@ class ServerConfig:
         self.allow_hosts = frozenset(h.lower() for h in allow_hosts)
         self.max_body_bytes = max_body_bytes
         self.timeout = timeout
+        self.max_connections = max_connections
 
 
 def make_handler(codec: EncryptionCodec, config: ServerConfig) -> type[BaseHTTPRequestHandler]:
@@ -397,11 +401,29 @@ class CodecServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.tls = tls
         self.config = config
+        self._slots = threading.BoundedSemaphore(config.max_connections)
         super().__init__(address, make_handler(codec, config))
         if not config.allow_hosts:
             port = self.server_address[1]
             hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
             config.allow_hosts = frozenset(hosts)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Each connection holds a thread for up to the socket timeout: bound them.
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         request.settimeout(self.config.timeout)
@@ -467,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
     serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     serve.add_argument("--timeout", type=float, default=10.0, help="socket timeout per connection, seconds")
+    serve.add_argument("--max-connections", type=int, default=64, help="connections served at once")
     args = parser.parse_args(argv)
     if args.command == "new-key":
         print(base64.b64encode(os.urandom(32)).decode())  # noqa: T201
@@ -498,6 +521,7 @@ def main(argv: list[str] | None = None) -> None:
         allow_hosts=args.allow_host or (),
         max_body_bytes=args.max_body_bytes,
         timeout=args.timeout,
+        max_connections=args.max_connections,
     )
     tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     server = CodecServer((args.host, args.port), codec, config, tls)

@@ -365,6 +365,32 @@ def test_codec_server_caps_the_body_and_times_out_idle_connections() -> None:
         s.close()
 
 
+def test_codec_server_bounds_the_connections_it_serves_at_once() -> None:
+    s = Served(ServerConfig(token=TOKEN, timeout=2.0, max_connections=2))
+    try:
+        stored = EncryptionCodec(KEY).encrypt(plain())
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(2)]
+        try:
+            time.sleep(0.2)  # both accepted and holding their thread
+            # A third connection is closed at once, before any request is read.
+            with pytest.raises((ConnectionError, http.client.RemoteDisconnected, OSError)):
+                s.post(payloads=[stored])
+        finally:
+            for sock in idle:
+                sock.close()
+        # Once the idle ones are gone, requests are served again.
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert s.post(payloads=[stored])[0] == 200
+                break
+            except (ConnectionError, http.client.RemoteDisconnected):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        s.close()
+
+
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
