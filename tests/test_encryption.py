@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -15,14 +17,23 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    PayloadCodec,
+)
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
@@ -367,3 +378,45 @@ async def test_the_web_ui_shows_an_encrypted_job_through_the_codec_server(
         temporal.wait(15)
         server.shutdown()
         server.server_close()
+
+
+class PreRotationCodec(PayloadCodec):
+    """Encodes exactly as s3batch did before key rotation (commit c8f4068): no encryption-format, no
+    associated data, key ID = sha256(key)[:16]. Only encodes: it plays a client of that release."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._key_id = hashlib.sha256(key).hexdigest()[:16].encode()
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        out = []
+        for p in payloads:
+            nonce = os.urandom(12)
+            data = nonce + self._aead.encrypt(nonce, p.SerializeToString(), None)
+            metadata = {"encoding": b"binary/encrypted", "encryption-key-id": self._key_id}
+            out.append(Payload(metadata=metadata, data=data))
+        return out
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        raise NotImplementedError
+
+
+async def test_a_job_started_before_key_rotation_runs_on_the_new_workers(
+    stack: Stack, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="a.jsonl", Body=b'{"a": 1}\n')
+    converter = dataclasses.replace(pydantic_data_converter, payload_codec=PreRotationCodec(KEY))
+    old_client = await Client.connect(stack.config.temporal_address, data_converter=converter)
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    job_id = f"enc-legacy-{uuid.uuid4().hex[:8]}"
+    await old_client.start_workflow(
+        S3BatchWorkflow.run, S3BatchInput(bucket=src, output_bucket=out), id=job_id, task_queue=task_queue
+    )
+    _, events = await raw_history(stack, job_id)
+    [legacy] = events[0].workflow_execution_started_event_attributes.input.payloads
+    assert "encryption-format" not in legacy.metadata
+    client = await keyed(stack)  # strict, new format
+    async with new_worker(client, task_queue):
+        result = await client.get_workflow_handle(job_id, result_type=S3BatchResult).result()
+    assert result.totals.records_written == 1
