@@ -11,11 +11,13 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from datetime import timedelta
 
 from temporalio.worker import Worker
 
 from s3batch import logs
+from s3batch.codec import KeyringError, allow_plaintext_from_env, keys_from_env
 from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
@@ -61,6 +63,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     settings = Settings()
+    try:
+        # Read the keyring before anything connects: a bad key stops the worker with one clear line.
+        keys_from_env()
+        allow_plaintext_from_env()
+    except KeyringError as err:
+        sys.exit(f"s3batch-worker: the encryption settings are not usable: {err}")
     logs.configure(settings.log_level, settings.log_format)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()

@@ -69,6 +69,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import WORKFLOW_TYPE, layout
 from s3batch import search_attributes as sa
+from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect, connect_config, ui_base
 from s3batch.models import (
     REDRIVE_STATUSES,
@@ -648,7 +649,11 @@ def print_json(value: Any) -> None:
 
 async def _connect() -> Client:
     try:
-        return await connect([S3BatchPlugin()])
+        plugin = S3BatchPlugin()
+    except KeyringError as err:
+        raise CliError(f"the encryption settings are not usable: {err}", EXIT_BAD_INPUT) from None
+    try:
+        return await connect([plugin])
     except (RuntimeError, RPCError, OSError) as err:
         target = connect_config()["target_host"]
         raise CliError(f"cannot connect to Temporal at {target} (set TEMPORAL_ADDRESS?): {err}") from None

@@ -277,7 +277,14 @@ def release_label(args: argparse.Namespace) -> str:
 
 async def record(args: argparse.Namespace, stack: Stack, tmp: Path) -> list[Path]:
     os.environ.update(stack.config.env())
-    os.environ.pop("S3BATCH_ENCRYPTION_KEY", None)  # histories must be readable without a key
+    # Histories must be readable without a key.
+    for name in (
+        "S3BATCH_ENCRYPTION_KEY",
+        "S3BATCH_ENCRYPTION_KEYS",
+        "S3BATCH_ENCRYPTION_KEY_FILE",
+        "S3BATCH_ENCRYPTION_ALLOW_PLAINTEXT",
+    ):
+        os.environ.pop(name, None)
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
     env = {"S3BATCH_HANDLER_MODULES": HANDLER_MODULES, "S3BATCH_TEST_HANDLER_DELAY": "0.05"}
     if args.current:

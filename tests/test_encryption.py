@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -43,7 +44,10 @@ from s3batch.models import S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin, _converter
 from s3batch.s3io import make_client
 from scripts.ui_screenshot import chromium
+from tests.helpers import BIN
 from workflows.batch import S3BatchWorkflow
+
+ROOT = Path(__file__).resolve().parent.parent
 
 KEY = os.urandom(32)
 ENCRYPTED = base64.b64encode(b"binary/encrypted").decode()  # how it shows in protobuf JSON
@@ -420,3 +424,17 @@ async def test_a_job_started_before_key_rotation_runs_on_the_new_workers(
     async with new_worker(client, task_queue):
         result = await client.get_workflow_handle(job_id, result_type=S3BatchResult).result()
     assert result.totals.records_written == 1
+
+
+async def test_a_bad_key_setting_stops_the_worker_and_the_cli_with_one_clear_line(stack: Any, tmp_path: Path) -> None:
+    env = {**os.environ, "S3BATCH_ENCRYPTION_KEY": "not-base64-of-32-bytes"}
+    cli = subprocess.run(
+        [str(BIN / "s3batch"), "status", "some-job"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert cli.returncode == 2, cli
+    assert "S3BATCH_ENCRYPTION_KEY" in cli.stderr and "Traceback" not in cli.stderr, cli.stderr
+    worker = subprocess.run(
+        [sys.executable, str(ROOT / "worker.py")], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert worker.returncode == 1, worker
+    assert "encryption settings are not usable" in worker.stderr and "Traceback" not in worker.stderr, worker.stderr
