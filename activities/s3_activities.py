@@ -15,7 +15,7 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -165,6 +165,24 @@ def _job_cancelled() -> bool:
         return False
     other = details.worker_shutdown or details.timed_out or details.paused or details.reset or details.not_found
     return details.cancel_requested and not other
+
+
+_JSON_TYPE_ERRORS = ("Type is not JSON serializable: ", "Dict key must be str", "Integer exceeds", "Recursion limit")
+"""Beginnings of the TypeErrors of ``encode_json`` that name a type or a limit, never a value."""
+
+
+def _unexpected(err: Exception, where: str, *details: Any) -> ApplicationError:
+    """An error s3batch did not expect (a bug, or a handler's object misbehaving), retryable. Only its
+    type is reported: its text may quote record contents, and it would reach workflow history, the
+    report and the worker's log."""
+    name = type(err).__name__
+    activity.logger.warning("unexpected %s processing %s (its message is not shown: it may quote records)", name, where)
+    return ApplicationError(
+        f"unexpected error processing {where}: {name} (its message is withheld: it may quote record contents); "
+        "the attempt is retried. Reproduce it locally on this file to see it.",
+        *details,
+        type=name,
+    )
 
 
 def _failed(item: ProcessFileInput, err: ApplicationError, attempt: int) -> FileResult:
@@ -340,12 +358,8 @@ class S3Activities:
                 next_retry_delay=err.next_retry_delay,
                 category=err.category,
             ) from err
-        except Exception as err:
-            raise ApplicationError(
-                f"unexpected error processing s3://{req.bucket}/{req.obj.key}: {type(err).__name__}: {err}",
-                attempt,
-                type=type(err).__name__,
-            ) from err
+        except Exception as err:  # noqa: BLE001 - its text may quote record contents
+            raise _unexpected(err, f"s3://{req.bucket}/{req.obj.key}", attempt) from None
 
     @activity.defn(name="s3batch.process_group")
     def process_group(self, req: ProcessGroupInput) -> list[FileResult]:
@@ -382,6 +396,11 @@ class S3Activities:
             if not _job_cancelled():
                 raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
             return self._cancelled_group(items, jobs, results, info.attempt, details, resume_index)
+        except ApplicationError:
+            raise
+        except Exception as err:  # noqa: BLE001 - its text may quote record contents
+            where = f"a group of {len(items)} files from s3://{req.file.bucket}/{req.file.obj.key}"
+            raise _unexpected(err, where) from None
 
     def _verify_group(
         self,
@@ -931,16 +950,22 @@ class _FileJob:
         if result.encoded:
             output.extend(result.output)
         else:
-            try:
-                output.extend(map(encode_json, result.output))
-            except TypeError as err:
-                raise ApplicationError(
-                    f"handler {self.req.handler!r} returned a value that is not JSON-serialisable for "
-                    f"{self.where}: {err}",
-                    type=BAD_FILE,
-                    non_retryable=True,
-                ) from None
+            output.extend(self._encoded(result.output, "returned a value"))
         rejects.extend(result.rejects)
+
+    def _encoded(self, values: Iterable[Any], what: str) -> list[bytes]:
+        """``values`` as JSON documents; a value that is not JSON fails the file (``BadFile``), naming
+        its type, never the value."""
+        try:
+            return [encode_json(v) for v in values]
+        except TypeError as err:
+            text = str(err)
+            reason = text if text.startswith(_JSON_TYPE_ERRORS) else type(err).__name__
+            raise ApplicationError(
+                f"handler {self.req.handler!r} {what} that is not JSON-serialisable for {self.where} ({reason})",
+                type=BAD_FILE,
+                non_retryable=True,
+            ) from None
 
     def _commit(
         self,
@@ -971,9 +996,10 @@ class _FileJob:
         self._check_chunk(cp, taken, len(output), len(rejects))
         if rejects:
             rejects.sort(key=lambda r: r.line)  # parser and handler rejects, in file order
-            body = b"".join(
-                encode_json({"line": r.line, "reason": r.reason, "record": r.value}) + b"\n" for r in rejects
+            lines = self._encoded(
+                ({"line": r.line, "reason": r.reason, "record": r.value} for r in rejects), "rejected a record"
             )
+            body = b"".join(line + b"\n" for line in lines)
             self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         body = b"\n".join(output) + b"\n" if output else b""
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
@@ -1005,8 +1031,17 @@ class _FileJob:
         self._known[key[len(self.dir) :]] = (_strip_etag(response.get("ETag", "")), cp)
 
     def _counted(self, records: Sequence[Record]) -> HandlerResult:
-        """The job's handler, counting what it was given, rejected and dropped (for ``_check_chunk``)."""
+        """The job's handler, counting what it was given, rejected and dropped (for ``_check_chunk``).
+
+        Its outputs and rejects are read here, inside ``_handle``'s guard: a lazy iterator that
+        raises while it is consumed fails like a handler that raised (its error never quoted)."""
         result = self.handler(records)
+        result = HandlerResult(
+            list(result.output),
+            list(result.rejects),
+            getattr(result, "encoded", False),
+            getattr(result, "dropped", None),
+        )
         self._handed += len(records)
         self._handler_rejects += len(result.rejects)
         dropped = getattr(result, "dropped", None)
