@@ -69,8 +69,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import WORKFLOW_TYPE, layout
 from s3batch import search_attributes as sa
-from s3batch.codec import KeyringError
+from s3batch.codec import KeyringError, keys_from_env
 from s3batch.config import Settings, connect, connect_config, ui_base
+from s3batch.logs import printable
 from s3batch.models import (
     REDRIVE_STATUSES,
     Checkpoint,
@@ -99,8 +100,23 @@ the files in flight."""
 _POLL_SECONDS = 0.5
 _QUERY_TIMEOUT = timedelta(seconds=5)
 
-out = Console(soft_wrap=True, highlight=False)
-err_out = Console(stderr=True, soft_wrap=True, highlight=False)
+# No emoji codes: ":name:" in an object key must print as typed.
+out = Console(soft_wrap=True, highlight=False, emoji=False)
+err_out = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+
+
+def safe_line(*parts: object) -> Text:
+    """One line of output that rich never reads as markup: ``[/bold]`` or ``[link=...]`` in a key is
+    shown as typed, never applied, and cannot crash the command. Each part is a value (shown through
+    :func:`printable`) or a ``(value, style)`` pair."""
+    return Text.assemble(
+        *((printable(part[0]), part[1]) if isinstance(part, tuple) else printable(part) for part in parts)
+    )
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A table cell showing ``value`` as typed (table cells given as ``str`` are read as markup)."""
+    return Text(printable(value), style=style)
 
 
 class CliError(Exception):
@@ -391,12 +407,12 @@ def totals_lines(t: Totals | Progress, *, listing_done: bool = True) -> list[str
 
 def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
     if result is not None:
-        out.print(f"[bold green]Job {result.status}[/]")
+        out.print(safe_line((f"Job {result.status}", "bold green")))
         for line in totals_lines(result.totals):
             out.print(f"  {line}")
-        out.print(f"  report   s3://{result.report_bucket}/{result.report_key}")
+        out.print(safe_line(f"  report   s3://{result.report_bucket}/{result.report_key}"))
     else:
-        err_out.print(f"[bold red]Job failed:[/] {error}")
+        err_out.print(safe_line(("Job failed:", "bold red"), f" {error}"))
 
 
 def state_line(p: Progress) -> str:
@@ -413,9 +429,10 @@ def state_line(p: Progress) -> str:
     )
 
 
-def _file_label(f: InFlightFile) -> str:
+def _file_label(f: InFlightFile) -> Text:
+    """The file's key, as typed, and its place in a group."""
     group = f" (file {f.group_index + 1} of {f.group_files} in a group)" if f.group_files > 1 else ""
-    return (f.key or f"activity {f.activity_id}") + group
+    return cell((f.key or f"activity {f.activity_id}") + group)
 
 
 def _attempt(f: InFlightFile) -> str:
@@ -431,8 +448,8 @@ def _percent(f: InFlightFile) -> str:
 
 def print_view(view: JobView) -> None:
     colour = {"running": "cyan", "completed": "green"}.get(view.status, "red")
-    out.print(f"[bold]{view.workflow_id}[/]: [bold {colour}]{view.status}[/]")
-    out.print(f"  Web UI   {view.ui_url}")
+    out.print(safe_line((view.workflow_id, "bold"), ": ", (view.status, f"bold {colour}")))
+    out.print(safe_line(f"  Web UI   {view.ui_url}"))
     if view.status != "running":
         print_outcome(view.result, view.error)
         return
@@ -465,7 +482,7 @@ def print_view(view: JobView) -> None:
     out.print(table)
     for f in view.in_flight:
         if f.last_failure:
-            out.print(f"  {f.key}: last attempt failed: {f.last_failure}")
+            out.print(safe_line(f"  {f.key}: last attempt failed: {f.last_failure}"))
 
 
 # ------------------------------------------------------------------------------ watch
@@ -605,8 +622,8 @@ def watch_renderable(
     time (for the checkpoints' age; default: the clock)."""
     colour = {"running": "cyan", "completed": "green"}.get(view.status, "red")
     lines: list[RenderableType] = [
-        Text.from_markup(f"[bold]{view.workflow_id}[/]: [bold {colour}]{view.status}[/]"),
-        Text(f"  Web UI   {view.ui_url}"),
+        safe_line((view.workflow_id, "bold"), ": ", (view.status, f"bold {colour}")),
+        Text(f"  Web UI   {printable(view.ui_url)}"),
     ]
     p = view.progress
     if p is None:
@@ -632,7 +649,7 @@ def watch_renderable(
     if view.in_flight:
         lines.append(in_flight_table(view.in_flight, now or datetime.datetime.now(datetime.UTC)))
         lines += [
-            Text(f"  {f.key}: last attempt failed: {f.last_failure}", style="yellow")
+            Text(f"  {printable(f.key)}: last attempt failed: {printable(f.last_failure)}", style="yellow")
             for f in view.in_flight
             if f.last_failure
         ]
@@ -645,6 +662,14 @@ def print_json(value: Any) -> None:
 
 
 # ------------------------------------------------------------------------------ commands
+
+
+def _keys() -> list[bytes]:
+    """The encryption keyring of the environment (first = current), ``[]`` without encryption."""
+    try:
+        return keys_from_env()
+    except KeyringError as err:
+        raise CliError(f"the encryption settings are not usable: {err}", EXIT_BAD_INPUT) from None
 
 
 async def _connect() -> Client:
@@ -725,6 +750,10 @@ async def start_job(
     """Start ``job`` as ``workflow_id`` (or find it already running), say so, and follow it to its
     end if ``wait``. ``extra`` is merged into the JSON output. Used by ``start`` and ``redrive``."""
 
+    # Search attributes are not payloads (the codec never sees them): with a key, S3BatchSource is
+    # an HMAC of the source, not its name (see s3batch.search_attributes).
+    keys = _keys()
+
     async def start(indexed: bool) -> WorkflowHandle[Any, S3BatchResult]:
         return await client.start_workflow(
             WORKFLOW_TYPE,
@@ -735,8 +764,8 @@ async def start_job(
             # A running job with this ID is followed, not started again; a finished one is not rerun.
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            search_attributes=sa.at_start(job.bucket, job.prefix) if indexed else None,
-            # Shown as the job's summary in the Web UI.
+            search_attributes=sa.at_start(job.bucket, job.prefix, keys) if indexed else None,
+            # Shown as the job's summary in the Web UI (a payload: encrypted with a key).
             static_summary=f"s3://{job.bucket}/{job.prefix} -> s3://{job.output_bucket}/{job.output_prefix}",
         )
 
@@ -767,15 +796,15 @@ async def start_job(
     }
     if not as_json:
         if started:
-            out.print(f"Started job [bold]{workflow_id}[/]")
+            out.print(safe_line("Started job ", (workflow_id, "bold")))
         else:
             out.print(
-                f"Job [bold]{workflow_id}[/] was already running: not started again "
-                "(the running job keeps its own input)"
+                safe_line("Job ", (workflow_id, "bold"), " was already running: not started again "
+                     "(the running job keeps its own input)")
             )
-        out.print(f"  Web UI   {link}")
-        out.print(f"  status   s3batch status {workflow_id}")
-        out.print(f"  watch    s3batch watch {workflow_id}")
+        out.print(safe_line(f"  Web UI   {link}"))
+        out.print(safe_line(f"  status   s3batch status {workflow_id}"))
+        out.print(safe_line(f"  watch    s3batch watch {workflow_id}"))
     if not wait:
         if as_json:
             print_json(info)
@@ -790,13 +819,21 @@ async def start_job(
     else:
         result, error = await follow(latest)
         print_outcome(result, error)
-        out.print(f"  Web UI   {link}")
+        out.print(safe_line(f"  Web UI   {link}"))
     return EXIT_OK if result is not None else EXIT_FAILED
+
+
+def default_workflow_id(job: S3BatchInput, *, encrypted: bool) -> str:
+    """``s3batch-<bucket>-<random>``; with encryption ``s3batch-<random>``: workflow IDs are stored
+    in plain text, and the bucket name is what encryption hides."""
+    if encrypted:
+        return f"s3batch-{uuid.uuid4().hex[:16]}"
+    return f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
     job = job_from_args(args)  # before connecting: bad input never reaches the server
-    workflow_id = args.id or f"s3batch-{job.bucket}-{uuid.uuid4().hex[:8]}"
+    workflow_id = args.id or default_workflow_id(job, encrypted=bool(_keys()))
     client = await _connect()
     task_queue = args.task_queue or Settings().task_queue
     return await start_job(client, job, workflow_id, task_queue, wait=args.wait, as_json=args.json)
@@ -840,11 +877,11 @@ async def cmd_watch(args: argparse.Namespace) -> int:
                     view, fresh = await load_job(client, args.workflow_id, cache), True
                 except RPCError as err:
                     # A blip of the server (or a proxy) must not end the view: keep the last poll.
-                    err_out.print(f"[yellow]poll failed, retrying:[/] {err.message}")
+                    err_out.print(safe_line(("poll failed, retrying:", "yellow"), f" {err.message}"))
                     fresh = False
-    out.print(f"[bold]{view.workflow_id}[/]: {view.status}")
+    out.print(safe_line((view.workflow_id, "bold"), f": {view.status}"))
     print_outcome(view.result, view.error)
-    out.print(f"  Web UI   {view.ui_url}")
+    out.print(safe_line(f"  Web UI   {view.ui_url}"))
     return EXIT_OK if view.result is not None else EXIT_FAILED
 
 
@@ -883,7 +920,7 @@ async def _update(workflow_id: str, name: str, *args: Any) -> Progress:
         raise
 
 
-def _print_control(args: argparse.Namespace, p: Progress, message: str) -> None:
+def _print_control(args: argparse.Namespace, p: Progress, message: Text) -> None:
     if args.json:
         print_json({"workflow_id": args.workflow_id, "progress": p.model_dump(mode="json")})
         return
@@ -896,19 +933,23 @@ def _print_control(args: argparse.Namespace, p: Progress, message: str) -> None:
 
 async def cmd_pause(args: argparse.Namespace) -> int:
     p = await _update(args.workflow_id, "pause")
-    _print_control(args, p, f"Paused job [bold]{args.workflow_id}[/]: no new file starts; files in flight finish")
+    _print_control(
+        args, p, safe_line("Paused job ", (args.workflow_id, "bold"), ": no new file starts; files in flight finish")
+    )
     return EXIT_OK
 
 
 async def cmd_resume(args: argparse.Namespace) -> int:
     p = await _update(args.workflow_id, "resume")
-    _print_control(args, p, f"Resumed job [bold]{args.workflow_id}[/]")
+    _print_control(args, p, safe_line("Resumed job ", (args.workflow_id, "bold")))
     return EXIT_OK
 
 
 async def cmd_set_concurrency(args: argparse.Namespace) -> int:
     p = await _update(args.workflow_id, "set_concurrency", args.n)
-    _print_control(args, p, f"Job [bold]{args.workflow_id}[/] now processes at most {args.n} file(s) at once")
+    _print_control(
+        args, p, safe_line("Job ", (args.workflow_id, "bold"), f" now processes at most {args.n} file(s) at once")
+    )
     return EXIT_OK
 
 
@@ -927,10 +968,13 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
             raise CliError(f"job {args.workflow_id!r} is not running: {err.message}", EXIT_ID_USED) from None
         raise
     out.print(
-        f"Cancellation requested for job [bold]{args.workflow_id}[/]: files in flight stop at their next "
-        "chunk boundary, then the report is written with them as cancelled"
+        safe_line(
+            "Cancellation requested for job ",
+            (args.workflow_id, "bold"),
+            ": files in flight stop at their next chunk boundary, then the report is written with them as cancelled",
+        )
     )
-    out.print(f"  report   s3batch report {args.workflow_id}")
+    out.print(safe_line(f"  report   s3batch report {args.workflow_id}"))
     return EXIT_OK
 
 
@@ -970,9 +1014,12 @@ async def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return EXIT_OK
-    colour = {"succeeded": "green", "cancelled": "yellow"}.get(report["status"], "red")
-    out.print(f"[bold]{report['job_id']}[/]: [bold {colour}]{report['status']}[/] ({report['finished_at']})")
-    out.print(f"  {report['source']} -> {report['output']}")
+    colour = {"succeeded": "green", "cancelled": "yellow"}.get(str(report.get("status")), "red")
+    out.print(
+        safe_line((report.get("job_id"), "bold"), ": ", (report.get("status"), f"bold {colour}"),
+             f" ({report.get('finished_at')})")
+    )
+    out.print(safe_line(f"  {report.get('source')} -> {report.get('output')}"))
     for line in totals_lines(Totals.model_validate(report["totals"])):
         out.print(f"  {line}")
     table = Table(box=None, padding=(0, 1))
@@ -984,19 +1031,24 @@ async def cmd_report(args: argparse.Namespace) -> int:
     style = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "not_started": "dim"}
     for f in report["files"]:
         table.add_row(
-            f["key"],
-            f"[{style.get(f['status'], 'white')}]{f['status']}[/]",
-            f"{f['records']:,}",
-            f"{f['records_written']:,}",
-            f"{f['rejected']:,}",
-            str(f["attempts"]),
-            f.get("error") or "",
+            cell(f.get("key")),
+            cell(f.get("status"), style.get(str(f.get("status")), "white")),
+            _count(f.get("records")),
+            _count(f.get("records_written")),
+            _count(f.get("rejected")),
+            _count(f.get("attempts")),
+            cell(f.get("error") or ""),
         )
     out.print(table)
-    out.print(f"  report   s3://{job.output_bucket}/{key}")
+    out.print(safe_line(f"  report   s3://{job.output_bucket}/{key}"))
     return EXIT_OK
 
 
+
+
+def _count(value: Any) -> Text:
+    """A count from a report (``1,234``); anything else (a report written by someone else) as text."""
+    return cell(f"{value:,}" if isinstance(value, int) else value)
 
 
 def _copy_report(bucket: str, key: str, etag: str, copy_key: str) -> None:
@@ -1076,12 +1128,12 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     counts = {s: sum(1 for f in files if f["status"] == s) for s in REDRIVE_STATUSES}
     if not args.json:
         out.print(
-            f"Redriving {len(files)} file(s) of job [bold]{wid}[/] ({counts['failed']} failed, "
+            safe_line("Redriving ", f"{len(files)} file(s) of job ", (wid, "bold"), f" ({counts['failed']} failed, "
             f"{counts['cancelled']} cancelled, {counts['not_started']} not started)"
             f"{', then the files it never listed,' if unlisted else ''} into the same output "
-            f"s3://{job.output_bucket}/{job.output_prefix}"
+            f"s3://{job.output_bucket}/{job.output_prefix}")
         )
-        out.print(f"  original report kept at {copy_uri} (the new job writes {uri} when it ends)")
+        out.print(safe_line(f"  original report kept at {copy_uri} (the new job writes {uri} when it ends)"))
     return await start_job(
         client,
         redrive,
@@ -1093,11 +1145,40 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     )
 
 
-async def cmd_list(args: argparse.Namespace) -> int:
-    client = await _connect()
+def _source_cell(source: str | None) -> Text:
+    """The ``source`` column of ``list``: ``s3://bucket/prefix``, or for an encrypted job the
+    HMAC it is indexed by (``s3batch list --source bucket/prefix`` finds it)."""
+    if not source:
+        return cell("-")
+    if source.startswith(sa.HASHED):
+        return cell(f"hidden ({source})")
+    return cell(f"s3://{source}")
+
+
+def list_query(*, running: bool, source: str | None, keys: Sequence[bytes]) -> str:
+    """The visibility query of ``s3batch list``.
+
+    Raises:
+        CliError: ``source`` is not ``bucket/prefix``.
+    """
     query = f'WorkflowType="{WORKFLOW_TYPE}"'
-    if args.running:
+    if running:
         query += ' AND ExecutionStatus="Running"'
+    if source is not None:
+        bucket, slash, prefix = source.removeprefix("s3://").partition("/")
+        if not bucket or not slash or '"' in source:
+            raise CliError(
+                f"--source must be BUCKET/PREFIX (e.g. incoming/customers/, or incoming/ for the whole bucket), got "
+                f"{source!r}",
+                EXIT_BAD_INPUT,
+            )
+        query += f" AND {sa.source_query(bucket, prefix, keys)}"
+    return query
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    query = list_query(running=args.running, source=args.source, keys=_keys())
+    client = await _connect()
     rows = []
     async for wf in client.list_workflows(query, limit=args.limit):
         rows.append(
@@ -1124,15 +1205,16 @@ async def cmd_list(args: argparse.Namespace) -> int:
     for column in ("job ID", "status", "source", "files done", "failed", "started", "closed", "task queue"):
         table.add_column(column, no_wrap=column not in ("job ID", "source"), overflow="fold")
     for r in rows:
+        running = r["status"] == "running" and r["search_status"]
         table.add_row(
-            r["workflow_id"],
-            r["status"] if r["status"] != "running" or not r["search_status"] else f"running ({r['search_status']})",
-            f"s3://{r['source']}" if r["source"] else "-",
+            cell(r["workflow_id"]),
+            cell(f"running ({r['search_status']})" if running else r["status"]),
+            _source_cell(r["source"]),
             "-" if r["files_done"] is None else str(r["files_done"]),
             "-" if r["files_failed"] is None else str(r["files_failed"]),
             r["start_time"][:19].replace("T", " "),
             (r["close_time"] or "-")[:19].replace("T", " "),
-            r["task_queue"],
+            cell(r["task_queue"]),
         )
     out.print(table)
     return EXIT_OK
@@ -1202,6 +1284,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     listing = commands.add_parser("list", help="running and recent jobs")
     listing.add_argument("--running", action="store_true", help="running jobs only")
+    listing.add_argument(
+        "--source",
+        metavar="BUCKET/PREFIX",
+        help="only jobs of this exact source (with encryption, matched by its HMAC under each configured key)",
+    )
     listing.add_argument("--limit", type=int, default=50, help="at most this many jobs (default: 50)")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(func=cmd_list)
@@ -1214,7 +1301,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(args.func(args))
     except CliError as err:
-        err_out.print(f"[bold red]error:[/] {err}")
+        err_out.print(safe_line(("error:", "bold red"), f" {err}"))
         return err.code
     except KeyboardInterrupt:
         err_out.print("interrupted: the job itself keeps running (see `s3batch status ID`)")

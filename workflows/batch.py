@@ -64,6 +64,9 @@ KEEP_REQUEUED_FILES = "keep-requeued-files"
 REPORT_ON_ANY_CANCEL = "report-on-any-cancel"
 """A job cancelled while a short activity (listing, check, report segment) is in flight still writes
 its report (v0.1.0 ended without one)."""
+TUNING_STATE_FIELDS = frozenset({"files_per_run"})
+"""What a job may pass as the second argument when its run did not continue from another: a tuning
+knob (tests use it to force continue-as-new after a few files), nothing that says what was done."""
 
 _SHORT_ACTIVITY = {
     "start_to_close_timeout": timedelta(minutes=5),
@@ -94,11 +97,38 @@ def parse_job(raw: Any) -> S3BatchInput:
     return _validated(S3BatchInput, raw, "job input", "input")
 
 
-def parse_state(raw: Any) -> JobState:
-    """Validate the state handed over by continue-as-new (a second argument nobody else passes)."""
+def parse_state(raw: Any, *, continued: bool) -> JobState:
+    """Validate the state handed over by continue-as-new.
+
+    Args:
+        raw: The workflow's second argument.
+        continued: The run continued from another (``workflow.info().continued_run_id`` is set):
+            only then may the state carry progress (run number, totals, pending files, digests...).
+            A job started with a forged state would skip its pre-flight check, report files it never
+            processed, or pass its own books. A new job may give ``{"files_per_run": N}`` only.
+
+    Raises:
+        ApplicationError: ``InvalidInput`` naming the second argument (the job fails at once).
+    """
+    what = "second argument (continue-as-new state)"
     if raw is None:
         return JobState()
-    return _validated(JobState, raw, "second argument (continue-as-new state)", "state")
+    if not continued:
+        fields = sorted(str(name) for name in raw) if isinstance(raw, dict) else None
+        if fields is None or not TUNING_STATE_FIELDS.issuperset(fields):
+            given = (
+                f"fields {', '.join(repr(name[:40]) for name in fields[:8])}{' ...' if len(fields) > 8 else ''}"
+                if fields
+                else f"a {type(raw).__name__}"
+            )
+            raise ApplicationError(
+                f"invalid {what}: state: only a run continued from another (continue-as-new) carries a state; a "
+                f"new job may pass at most {{\"files_per_run\": N}} there, got {given}. Start the job with its "
+                "input as the only argument.",
+                type=INVALID_INPUT,
+                non_retryable=True,
+            )
+    return _validated(JobState, raw, what, "state")
 
 
 def _validated(model: type[_M], raw: Any, what: str, root: str) -> _M:
@@ -120,13 +150,16 @@ class S3BatchWorkflow:
         # The state is read here, not in run(), so an update arriving in a run's first activation
         # sees (and changes) the state carried over by continue-as-new. Both arguments default to
         # None: a missing argument must fail the workflow clearly, not its task (which would hang).
-        self._state = parse_state(state)
+        self._state = parse_state(state, continued=workflow.info().continued_run_id is not None)
         self._job: S3BatchInput | None = None
         self._wake = 0
         """Bumped by every control update, to wake the scheduling loop."""
         self._cancelling = False
         self._indexed: tuple[str, int, int] | None = None
         """Search attribute values last upserted (status, files done, files failed)."""
+        self._checked_source: tuple[bool, str | None] | None = None
+        """This run's check result about ``S3BatchSource``: whether it said, and the value it gave
+        (None: leave it out). None when no check ran in this run."""
         self._in_flight: dict[str, ObjectRef] = {}
         self._results: list[FileResult] = []
         self._finished = 0
@@ -167,6 +200,7 @@ class S3BatchWorkflow:
                 S3Activities.check_job, JobSpec.of(spec), **_SHORT_ACTIVITY
             )
             st.indexed = check.search_attributes or workflow.info().typed_search_attributes.get(sa.SOURCE) is not None
+            self._checked_source = _source_of(check)
             # Jobs started by this release keep key digests; older ones are checked by counts only.
             st.listed_digest = st.done_digest = 0
 
@@ -579,9 +613,31 @@ class S3BatchWorkflow:
             sa.FILES_FAILED.value_set(values[2]),
         ]
         if self._indexed is None and workflow.info().typed_search_attributes.get(sa.SOURCE) is None:
-            updates.append(sa.SOURCE.value_set(sa.source_value(self._job.bucket, self._job.prefix)))
+            source = self._source_attribute()
+            if source is not None:
+                updates.append(sa.SOURCE.value_set(source))
         self._indexed = values
         workflow.upsert_search_attributes(updates)
+
+    def _source_attribute(self) -> str | None:
+        """The ``S3BatchSource`` to upsert for a run started without one, or None to leave it out.
+
+        The workflow cannot know whether payloads are encrypted (the codec runs outside its sandbox),
+        so the value comes from the worker's check: an HMAC when the worker has a key. Only the run
+        that ran the check upserts it; later runs inherit it through continue-as-new.
+
+        No patch guards this: an upsert is the same command whatever attributes and values it
+        carries, and replaying the v0.1.0 histories with other values (or without S3BatchSource in
+        the upsert) passes (tests/test_replay.py).
+        """
+        if self._checked_source is None:
+            return None
+        said, value = self._checked_source
+        if said:
+            return value
+        # The check ran on a worker whose activities do not report the value (an earlier release):
+        # plain, as that release does. docs/SECURITY.md says to upgrade every worker.
+        return sa.source_value(self._job.bucket, self._job.prefix)
 
     def _update_details(self, final: str | None = None) -> None:
         t = self._state.totals
@@ -609,6 +665,17 @@ class S3BatchWorkflow:
                 else ""
             )
         )
+
+
+def _source_of(check: Any) -> tuple[bool, str | None]:
+    """``(said, value)`` about ``S3BatchSource`` in a check result: ``said`` is False when the result
+    has no ``source`` at all (activities of an earlier release), whether declared or an extra field."""
+    extra = getattr(check, "model_extra", None) or {}
+    fields = getattr(check, "model_fields_set", set())
+    if "source" not in fields and "source" not in extra:
+        return False, None
+    value = getattr(check, "source", None)
+    return True, value if isinstance(value, str) and value else None
 
 
 def _completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] | None:
