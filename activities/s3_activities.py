@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, Ca
 
 from s3batch import layout
 from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
+from s3batch.config import Settings
 from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.models import (
@@ -53,11 +54,14 @@ from s3batch.s3io import (
     UNKNOWN_HANDLER,
     WORKER_SHUTDOWN,
     S3Client,
+    check_allowed,
+    check_ceilings,
     delete_keys,
     head_pinned,
     is_missing_object,
     open_object,
     raise_s3_error,
+    sse_params,
 )
 
 _BEAT_INTERVAL = 1.0
@@ -185,6 +189,16 @@ def _unexpected(err: Exception, where: str, *details: Any) -> ApplicationError:
     )
 
 
+def _take(records: Iterator[Record], parser: Any, want: int, until: int) -> list[Record]:
+    """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``."""
+    batch: list[Record] = []
+    for record in records:
+        batch.append(record)
+        if len(batch) >= want or parser.offset >= until:
+            break
+    return batch
+
+
 def _failed(item: ProcessFileInput, err: ApplicationError, attempt: int) -> FileResult:
     return FileResult(
         key=item.obj.key,
@@ -217,10 +231,13 @@ class S3Activities:
 
     Args:
         s3: A boto3 S3 client (``s3batch.s3io.make_client()`` builds one from the environment).
+        settings: The worker's settings (default: from the environment, ``S3BATCH_*``).
     """
 
-    def __init__(self, s3: S3Client) -> None:
+    def __init__(self, s3: S3Client, settings: Settings | None = None) -> None:
         self.s3 = s3
+        self.settings = settings if settings is not None else Settings()
+        """The worker's data-path settings: allow-lists, ceilings, output encryption, checkpoint secret."""
         self.search_attributes_registered = False
         """Set by the worker once s3batch's search attributes are known to exist."""
 
@@ -229,11 +246,18 @@ class S3Activities:
     @activity.defn(name="s3batch.check_job")
     def check_job(self, job: JobSpec) -> JobCheck:
         """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
-        missing or unreadable buckets."""
+        buckets or prefixes this worker may not use, limits over its ceilings, missing or unreadable
+        buckets."""
         try:
             get_handler(job.handler)
         except UnknownHandlerError as err:
             raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        check_allowed(self.settings, "sources", job.bucket, job.prefix)
+        check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
+        if job.only_failed_of:
+            bucket, _, key = job.only_failed_of.removeprefix("s3://").partition("/")
+            check_allowed(self.settings, "outputs", bucket, key, also="sources")
+        check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
         try:
             self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
@@ -247,7 +271,9 @@ class S3Activities:
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
         try:
-            self.s3.put_object(Bucket=job.output_bucket, Key=probe, Body=b"", ContentType="text/plain")
+            self.s3.put_object(
+                Bucket=job.output_bucket, Key=probe, Body=b"", ContentType="text/plain", **sse_params(self.settings)
+            )
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", job.output_bucket, probe)
         if job.only_failed_of:
@@ -339,7 +365,7 @@ class S3Activities:
         attempt = {"attempt": activity.info().attempt}
         job: _FileJob | None = None
         try:
-            job = _FileJob(self.s3, req, details[0] if details else None)
+            job = _FileJob(self.s3, self.settings, req, details[0] if details else None)
             return job.verify(job.run())
         except (CancelledError, asyncio.CancelledError):
             if not _job_cancelled():
@@ -380,12 +406,13 @@ class S3Activities:
         try:
             # One LIST for the whole group: on a first run nothing exists under the files' common
             # output prefix, and no file needs to look for committed parts of its own.
+            check_allowed(self.settings, "outputs", req.file.output_bucket, req.file.output_prefix)
             common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
             fresh = not details and not _any_object(self.s3, req.file.output_bucket, common)
             for index, item in enumerate(items):
                 hint = details[0] if index == resume_index else None
                 try:
-                    jobs[index] = job = _FileJob(self.s3, item, hint, index, fresh=fresh)
+                    jobs[index] = job = _FileJob(self.s3, self.settings, item, hint, index, fresh=fresh)
                     results[index] = job.run()
                 except ApplicationError as err:
                     if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
@@ -463,6 +490,7 @@ class S3Activities:
     @activity.defn(name="s3batch.write_report_segment")
     def write_report_segment(self, req: ReportSegmentInput) -> str:
         """Flush the per-file results of one workflow run (before continue-as-new)."""
+        check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
         key = layout.segment_key(req.output_prefix, req.segment)
         body = b"".join(orjson.dumps(f.model_dump(mode="json")) + b"\n" for f in req.files)
         self._put(req.output_bucket, key, body, "application/x-ndjson")
@@ -472,6 +500,7 @@ class S3Activities:
     def write_report(self, req: FinalReportInput) -> str:
         """Write ``{output_prefix}_report.json``: every file of the job and the totals."""
         job = req.job
+        check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
         files: list[Any] = []
         for segment in range(req.segments):
             key = layout.segment_key(job.output_prefix, segment)
@@ -532,7 +561,7 @@ class S3Activities:
 
     def _put(self, bucket: str, key: str, body: bytes, content_type: str) -> None:
         try:
-            self.s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+            self.s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type, **sse_params(self.settings))
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", bucket, key)
 
@@ -544,6 +573,7 @@ class _FileJob:
     def __init__(
         self,
         s3: S3Client,
+        settings: Settings,
         req: ProcessFileInput,
         heartbeat: Any = None,
         index: int | None = None,
@@ -552,13 +582,20 @@ class _FileJob:
     ) -> None:
         """Args:
         s3: The S3 client.
+        settings: The worker's settings (allow-lists, ceilings, output encryption, checkpoint secret).
         req: The file and the job options.
         fresh: Known to have no output yet (its group's output prefix is empty).
         heartbeat: The checkpoint found in the last heartbeat details for this file, if any.
         index: Position of the file in its group; sent along with each heartbeat.
         """
         self.s3 = s3
+        self.settings = settings
         self.req = req
+        # A workflow input reaches this activity even when check_job was skipped: check again.
+        check_allowed(settings, "sources", req.bucket, req.obj.key)
+        check_allowed(settings, "outputs", req.output_bucket, req.output_prefix)
+        check_ceilings(settings, req.chunk_records, req.max_record_bytes, f"s3://{req.bucket}/{req.obj.key}")
+        self._sse = sse_params(settings)
         self._heartbeat_hint = heartbeat
         self._fresh = fresh
         self._extra = () if index is None else (index,)
@@ -890,6 +927,7 @@ class _FileJob:
         req = self.req
         handler = self._counted
         sub_batch = min(req.chunk_records, _SUB_BATCH)
+        budget = self.settings.max_chunk_bytes
         self._beat(cp)
         with contextlib.ExitStack() as stack:
             try:
@@ -897,25 +935,33 @@ class _FileJob:
             except ValueError as err:  # an unreadable CSV header
                 raise ApplicationError(f"{self.where}: {err}", type=BAD_FILE, non_retryable=True) from None
             lookahead: list[Record] = []
+            chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
             while True:
                 self._stop_if_asked(cp)
                 # Cancellation is delivered at the end of this block: after the part is written and
                 # checkpointed, never in the middle of a chunk's PUT.
                 with activity.shield_thread_cancel_exception():
                     output: list[bytes] = []
-                    rejects: list[Reject] = []
-                    taken = 0
-                    while taken < req.chunk_records:
+                    rejects: list[tuple[int, bytes]] = []
+                    taken = buffered = 0
+                    # A chunk ends after chunk_records records, or once its source bytes or its
+                    # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
+                    # checkpoint is exact either way, and memory stays about the budget.
+                    while taken < req.chunk_records and buffered < budget and parser.offset - chunk_start < budget:
                         want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
-                        batch = lookahead + list(islice(records, want))
+                        # A sub-batch reads at most 1/16 of the budget, so the output check between
+                        # two of them bounds what a handler's outputs can add.
+                        until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
+                        batch = lookahead + (_take(records, parser, want, until) if want > 0 else [])
                         lookahead = []
                         if not batch:
                             break
                         taken += len(batch)
-                        self._handle(handler, batch, output, rejects)
+                        buffered += self._handle(handler, batch, output, rejects)
                         self._beat(cp)  # liveness; the SDK throttles what reaches the server
                     end_offset = None if self.gz else parser.offset
                     end_line = parser.line
+                    chunk_start = parser.offset
                     lookahead = list(islice(records, 1))
                     done = not lookahead
                     cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
@@ -923,18 +969,24 @@ class _FileJob:
                 if done:
                     return cp
 
-    def _handle(self, handler: Any, batch: list[Record], output: list[bytes], rejects: list[Reject]) -> None:
-        """Run the handler on the parsed records of ``batch``; append JSON-encoded outputs and rejects."""
+    def _handle(
+        self, handler: Any, batch: list[Record], output: list[bytes], rejects: list[tuple[int, bytes]]
+    ) -> int:
+        """Run the handler on the parsed records of ``batch``; append JSON-encoded outputs and rejects
+        (as ``(line, JSON line)``). Returns the bytes appended."""
         good = batch
+        before = len(rejects)
         if any(r.error is not None for r in batch):
             good = []
+            parser_rejects = []
             for r in batch:
                 if r.error is None:
                     good.append(r)
                 else:
-                    rejects.append(Reject(r.line, r.error))
+                    parser_rejects.append(Reject(r.line, r.error))
+            self._add_rejects(parser_rejects, rejects)
         if not good:
-            return
+            return sum(len(b) for _, b in rejects[before:])
         try:
             result: HandlerResult = handler(good)
         except Exception as err:  # noqa: BLE001 - any handler error fails the attempt, without its text
@@ -947,11 +999,15 @@ class _FileJob:
                 "those lines to see the record.",
                 type="HandlerError",
             ) from None
-        if result.encoded:
-            output.extend(result.output)
-        else:
-            output.extend(self._encoded(result.output, "returned a value"))
-        rejects.extend(result.rejects)
+        encoded = result.output if result.encoded else self._encoded(result.output, "returned a value")
+        output.extend(encoded)
+        self._add_rejects(result.rejects, rejects)
+        return sum(len(b) for b in encoded) + sum(len(b) for _, b in rejects[before:])
+
+    def _add_rejects(self, found: list[Reject], rejects: list[tuple[int, bytes]]) -> None:
+        documents = ({"line": r.line, "reason": r.reason, "record": r.value} for r in found)
+        lines = self._encoded(documents, "rejected a record")
+        rejects.extend(zip((r.line for r in found), lines, strict=True))
 
     def _encoded(self, values: Iterable[Any], what: str) -> list[bytes]:
         """``values`` as JSON documents; a value that is not JSON fails the file (``BadFile``), naming
@@ -972,7 +1028,7 @@ class _FileJob:
         cp: Checkpoint,
         taken: int,
         output: list[bytes],
-        rejects: list[Reject],
+        rejects: list[tuple[int, bytes]],
         end_offset: int | None,
         end_line: int,
         done: bool,
@@ -995,11 +1051,8 @@ class _FileJob:
         )
         self._check_chunk(cp, taken, len(output), len(rejects))
         if rejects:
-            rejects.sort(key=lambda r: r.line)  # parser and handler rejects, in file order
-            lines = self._encoded(
-                ({"line": r.line, "reason": r.reason, "record": r.value} for r in rejects), "rejected a record"
-            )
-            body = b"".join(line + b"\n" for line in lines)
+            rejects.sort(key=lambda r: r[0])  # parser and handler rejects, in file order
+            body = b"".join(line + b"\n" for _, line in rejects)
             self._put(layout.rejects_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
         body = b"\n".join(output) + b"\n" if output else b""
         self._put(layout.part_key(req.output_prefix, self.obj.key, cp.chunk), body, new)
@@ -1022,6 +1075,7 @@ class _FileJob:
             "Key": key,
             "Body": body,
             "ContentType": "application/x-ndjson",
+            **self._sse,
         }
         kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
@@ -39,6 +39,41 @@ class Settings(BaseSettings):
     """``host:port`` of the Prometheus ``/metrics`` endpoint (SDK and s3batch metrics); empty: off."""
     ui_url: str = ""
     """Base URL of the Temporal Web UI, for links (default: derived from TEMPORAL_ADDRESS)."""
+
+    # The data path and the S3 side (docs/SECURITY.md): what a job input may make this worker do.
+    expected_bucket_owner: str = Field("", pattern=r"^(\d{12})?$")
+    """AWS account ID sent as ``ExpectedBucketOwner`` on every S3 request: a bucket of another
+    account is refused by S3 (403) instead of read or written. Empty: not sent."""
+    allowed_sources: str = ""
+    """Comma-separated globs of ``bucket/prefix`` a job may read (``incoming/*``); empty: any."""
+    allowed_outputs: str = ""
+    """Comma-separated globs of ``bucket/prefix`` a job may write (``processed/runs/*``); empty: any."""
+    output_sse: Literal["", "AES256", "aws:kms"] = ""
+    """Server-side encryption asked for on every object the worker writes; empty: the bucket's default."""
+    output_kms_key_id: str = ""
+    """KMS key for ``output_sse=aws:kms`` (empty: the account's default ``aws/s3`` key)."""
+    max_chunk_records: int = Field(1_000_000, ge=1)
+    """Ceiling on a job's ``chunk_records``: a job asking for more fails with InvalidInput."""
+    max_record_bytes: int = Field(64 * 1024 * 1024, ge=1_024)
+    """Ceiling on a job's ``max_record_bytes``: a job asking for more fails with InvalidInput."""
+    max_chunk_bytes: int = Field(64 * 1024 * 1024, ge=1_024)
+    """A chunk is closed early once its buffered output (parts and rejects) or its source bytes
+    reach this: what one file holds in memory stays about this, whatever ``chunk_records`` is."""
+    checkpoint_secret: SecretStr = SecretStr("")
+    """Key of the HMAC stored with each part's checkpoint; parts without a valid one are not trusted
+    (reprocessed). Empty: checkpoints are trusted as read (anyone who can write the output prefix
+    can forge them). The same on every worker."""
+
+    @model_validator(mode="after")
+    def _kms_key_needs_kms(self) -> Settings:
+        if self.output_kms_key_id and self.output_sse != "aws:kms":
+            raise ValueError("S3BATCH_OUTPUT_KMS_KEY_ID is set: it needs S3BATCH_OUTPUT_SSE=aws:kms")
+        return self
+
+    def allowed(self, kind: Literal["sources", "outputs"]) -> list[str]:
+        """The globs of ``S3BATCH_ALLOWED_SOURCES`` / ``S3BATCH_ALLOWED_OUTPUTS``; empty: any."""
+        raw = self.allowed_sources if kind == "sources" else self.allowed_outputs
+        return [g.strip() for g in raw.split(",") if g.strip()]
 
     def import_handler_modules(self) -> None:
         for name in filter(None, (m.strip() for m in self.handler_modules.split(","))):

@@ -8,10 +8,12 @@ are retried by botocore's ``standard`` retry mode first, then by Temporal's acti
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import functools
 import io
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import boto3
 from botocore.config import Config
@@ -26,6 +28,7 @@ from temporalio.exceptions import ApplicationError
 from urllib3.exceptions import ProtocolError
 
 from s3batch.accounting import ACCOUNTING_ERROR
+from s3batch.config import Settings
 
 S3Client = Any
 """A boto3 S3 client (boto3 ships no static types for it)."""
@@ -64,15 +67,35 @@ _REFUSED_CODES = {"InvalidRequest", "InvalidArgument", "KeyTooLongError", "Inval
 _STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
 
 
-def make_client(max_pool_connections: int = 32) -> S3Client:
-    """An S3 client from boto3's default chain, with retries suited to long batch jobs."""
+def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | None = None) -> S3Client:
+    """An S3 client from boto3's default chain, with retries suited to long batch jobs.
+
+    Args:
+        max_pool_connections: HTTP connections kept (one per activity slot, and a few more).
+        expected_bucket_owner: AWS account ID sent as ``ExpectedBucketOwner`` (and
+            ``ExpectedSourceBucketOwner``) on every request that takes it; None: from
+            ``S3BATCH_EXPECTED_BUCKET_OWNER``; empty: not sent.
+    """
     config = Config(
         retries={"mode": "standard", "max_attempts": 6},
         max_pool_connections=max_pool_connections,
         connect_timeout=10,
         read_timeout=60,
     )
-    return boto3.session.Session().client("s3", config=config)
+    client = boto3.session.Session().client("s3", config=config)
+    owner = Settings().expected_bucket_owner if expected_bucket_owner is None else expected_bucket_owner
+    if owner:
+        # One place for every call (GET, HEAD, PUT, LIST, DELETE, COPY, paginators included): a
+        # bucket that another account owns is refused by S3 instead of read or written.
+        client.meta.events.register("before-parameter-build.s3", functools.partial(_expect_owner, owner))
+    return client
+
+
+def _expect_owner(owner: str, params: dict[str, Any], model: Any, **_: Any) -> None:
+    members = model.input_shape.members if model.input_shape is not None else {}
+    for name in ("ExpectedBucketOwner", "ExpectedSourceBucketOwner"):
+        if name in members:
+            params.setdefault(name, owner)
 
 
 def error_code(err: ClientError) -> str:
@@ -312,3 +335,66 @@ def open_object(
         on_bytes=on_bytes,
     )
     return io.BufferedReader(raw, buffer_size=1024 * 1024)
+
+
+# ---------------------------------------------------------------------------- worker-side limits
+
+_ALLOW_VARIABLES = {"sources": "S3BATCH_ALLOWED_SOURCES", "outputs": "S3BATCH_ALLOWED_OUTPUTS"}
+
+
+def allowed(settings: Settings, kind: Literal["sources", "outputs"], bucket: str, prefix: str) -> bool:
+    """Whether ``bucket/prefix`` matches one of the worker's globs for ``kind`` (any, without globs).
+
+    A glob is matched against ``bucket/prefix`` as a whole (``fnmatch``, case-sensitive, ``*`` also
+    matching ``/``). A glob ending with ``*`` that matches a prefix matches every key under it too,
+    so a job's prefix is checked once; each file is checked again on its own key.
+    """
+    globs = settings.allowed(kind)
+    return not globs or any(fnmatch.fnmatchcase(f"{bucket}/{prefix}", g) for g in globs)
+
+
+def check_allowed(
+    settings: Settings,
+    kind: Literal["sources", "outputs"],
+    bucket: str,
+    prefix: str,
+    *,
+    also: Literal["sources", "outputs"] | None = None,
+) -> None:
+    """Raise a non-retryable ``InvalidInput`` unless ``bucket/prefix`` is allowed for ``kind`` (or ``also``)."""
+    if allowed(settings, kind, bucket, prefix) or (also is not None and allowed(settings, also, bucket, prefix)):
+        return
+    variables = " or ".join(_ALLOW_VARIABLES[k] for k in (kind, also) if k)
+    globs = ", ".join(settings.allowed(kind) + (settings.allowed(also) if also else []))
+    what = "read from" if kind == "sources" else "write to"
+    raise ApplicationError(
+        f"this worker may not {what} s3://{bucket}/{prefix}: it is not matched by {variables} ({globs}). "
+        "Use a bucket and prefix the worker allows, or ask its operator to add them.",
+        type=INVALID_INPUT,
+        non_retryable=True,
+    )
+
+
+def check_ceilings(settings: Settings, chunk_records: int, max_record_bytes: int, what: str) -> None:
+    """Raise a non-retryable ``InvalidInput`` when a job asks for more than the worker's ceilings."""
+    for field, value, ceiling, variable in (
+        ("chunk_records", chunk_records, settings.max_chunk_records, "S3BATCH_MAX_CHUNK_RECORDS"),
+        ("max_record_bytes", max_record_bytes, settings.max_record_bytes, "S3BATCH_MAX_RECORD_BYTES"),
+    ):
+        if value > ceiling:
+            raise ApplicationError(
+                f"{what} asks for {field}={value}, over this worker's ceiling of {ceiling} ({variable}); "
+                f"lower {field} in the job input to at most {ceiling}.",
+                type=INVALID_INPUT,
+                non_retryable=True,
+            )
+
+
+def sse_params(settings: Settings) -> dict[str, str]:
+    """``put_object`` arguments asking for the worker's server-side encryption of outputs (or none)."""
+    if not settings.output_sse:
+        return {}
+    params = {"ServerSideEncryption": settings.output_sse}
+    if settings.output_kms_key_id:
+        params["SSEKMSKeyId"] = settings.output_kms_key_id
+    return params

@@ -12,15 +12,21 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, field_validator
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from activities.s3_activities import S3Activities
+from s3batch import layout
+from s3batch.config import Settings
 from s3batch.handlers import HandlerResult, Reject, chunk_handler
-from s3batch.models import S3BatchInput
+from s3batch.models import JobSpec, ObjectRef, ProcessFileInput, S3BatchInput
 from s3batch.records import Record
-from tests.helpers import history_events, report
+from tests.helpers import committed_parts, history_events, read_jsonl, report
 
 MARKER = "SECRET-7d1f"
 """Placed in record values, in keys of dict fields and in a validator's message: it must never reach
@@ -47,14 +53,19 @@ class _SecRecord(BaseModel):
         return value
 
 
-class _Unordered:
-    """A reject line from a handler that raises, quoting the record, when compared (sorted)."""
+class _Unordered(int):
+    """A reject's line number from a handler that raises, quoting the record, when compared (sorted)."""
 
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any = None
 
     def __lt__(self, other: Any) -> bool:
         raise ValueError(f"cannot order {self.value!r}")
+
+
+def _unordered(line: int, value: Any) -> _Unordered:
+    number = _Unordered(line)
+    number.value = value
+    return number
 
 
 def _lazy(records: Sequence[Record]) -> Iterator[Any]:
@@ -74,7 +85,7 @@ def sec_marker(records: Sequence[Record]) -> HandlerResult:
         for r in records:
             _SecRecord.model_validate({k: v for k, v in r.value.items() if k != "mode"})
     if mode == "sort":  # an error s3batch does not expect, after the handler returned
-        return HandlerResult([], [Reject(_Unordered(r.value), "x", r.value) for r in records], dropped=0)  # type: ignore[arg-type]
+        return HandlerResult([], [Reject(_unordered(r.line, r.value), "x", r.value) for r in records], dropped=0)  # type: ignore[arg-type]
     return HandlerResult([r.value for r in records], [], dropped=0)
 
 
@@ -140,3 +151,109 @@ async def test_no_record_contents_in_history_report_or_logs(
     ]:
         assert MARKER not in text, f"the marker reached the {where}"
 
+
+
+# ------------------------------------------------------------------------ activity-level helpers
+
+
+def _upload(s3: Any, bucket: str, key: str, body: bytes) -> ObjectRef:
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    head = s3.head_object(Bucket=bucket, Key=key)
+    return ObjectRef(key=key, etag=head["ETag"].strip('"'), size=head["ContentLength"])
+
+
+def _file(buckets: tuple[str, str], obj: ObjectRef, **options: Any) -> ProcessFileInput:
+    src, out = buckets
+    fields: dict[str, Any] = {"format": "auto", "handler": "passthrough", "chunk_records": 500}
+    fields["max_record_bytes"] = 1024 * 1024
+    fields.update(options)
+    return ProcessFileInput(job_id="sec", bucket=src, obj=obj, output_bucket=out, output_prefix="o/", **fields)
+
+
+def _job(buckets: tuple[str, str], **options: Any) -> JobSpec:
+    src, out = buckets
+    return JobSpec(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", **options)
+
+
+def _run(activities: S3Activities, method: str, arg: Any) -> Any:
+    return ActivityEnvironment().run(getattr(activities, method), arg)
+
+
+def _invalid(activities: S3Activities, method: str, arg: Any) -> str:
+    with pytest.raises(ApplicationError) as info:
+        _run(activities, method, arg)
+    assert info.value.type == "InvalidInput" and info.value.non_retryable, info.value
+    return info.value.message
+
+
+def _rows(n: int, pad: int = 0) -> bytes:
+    return b"id,name\n" + b"".join(f"{i},{'n' * pad}{i}\n".encode() for i in range(n))
+
+
+def _part_rows(s3: Any, out: str, key: str) -> tuple[list[Any], list[int]]:
+    folder = layout.file_dir("o/", key)
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=out, Prefix=folder + "part-").get("Contents", []))
+    rows: list[Any] = []
+    sizes = []
+    for k in keys:
+        body = s3.get_object(Bucket=out, Key=k)["Body"].read()
+        sizes.append(len(body))
+        rows.extend(json.loads(line) for line in body.splitlines() if line)
+    return rows, sizes
+
+
+# ------------------------------------------------------------------------ point 6: bounded cost
+
+
+def test_ceilings_refuse_a_job_or_file_asking_for_more(s3: Any, buckets: tuple[str, str]) -> None:
+    acts = S3Activities(s3, Settings(max_chunk_records=1_000, max_record_bytes=64 * 1024))
+    obj = _upload(s3, buckets[0], "in/a.csv", _rows(3))
+    message = _invalid(acts, "check_job", _job(buckets, chunk_records=5_000))
+    assert "chunk_records=5000, over this worker's ceiling of 1000 (S3BATCH_MAX_CHUNK_RECORDS)" in message
+    message = _invalid(acts, "check_job", _job(buckets, chunk_records=1_000, max_record_bytes=1024 * 1024))
+    assert "max_record_bytes=1048576, over this worker's ceiling of 65536 (S3BATCH_MAX_RECORD_BYTES)" in message
+    # A workflow input reaches the file activity even if the check was skipped: checked there too.
+    message = _invalid(acts, "process_file", _file(buckets, obj, chunk_records=5_000))
+    assert "s3://" in message and "S3BATCH_MAX_CHUNK_RECORDS" in message
+    assert _run(acts, "check_job", _job(buckets, chunk_records=1_000, max_record_bytes=1_024))  # lower: fine
+    assert _run(acts, "process_file", _file(buckets, obj, max_record_bytes=64 * 1024)).status == "succeeded"
+
+
+def test_a_chunk_is_closed_at_the_byte_budget_and_resumes_exactly(s3: Any, buckets: tuple[str, str]) -> None:
+    """chunk_records x max_record_bytes cannot make a chunk's buffer grow past the worker's budget."""
+    budget = 16 * 1024
+    acts = S3Activities(s3, Settings(max_chunk_bytes=budget))
+    body = _rows(2_000, pad=40)  # ~100 KB of source, ~130 KB of output, in one chunk of 10,000 records
+    obj = _upload(s3, buckets[0], "in/big.csv", body)
+    result = _run(acts, "process_file", _file(buckets, obj, chunk_records=10_000))
+    assert result.status == "succeeded" and result.records == 2_000
+    rows, sizes = _part_rows(s3, buckets[1], obj.key)
+    assert [int(r["id"]) for r in rows] == list(range(2_000))  # every record once, in order
+    assert result.chunks == len(sizes) >= len(body) // budget
+    assert max(sizes) <= budget * 5 // 4, sizes  # the budget, plus at most one sub-batch's output
+    # Each part's checkpoint is exact: it says where the next part starts.
+    cps = committed_parts(s3, buckets[1], layout.file_dir("o/", obj.key))
+    assert [cp.chunk for cp in cps] == list(range(1, len(sizes) + 1)) and cps[-1].byte_offset == len(body)
+    for cp in cps[:-1]:
+        assert body[cp.byte_offset :].startswith(f"{cp.next_record},".encode())  # record i has id i
+
+async def test_a_csv_record_of_60001_short_lines_is_a_reject(
+    client: Client, worker: Worker, task_queue: str, buckets: tuple[str, str], s3: Any
+) -> None:
+    """max_record_bytes bounds a record, not a line: a quoted field of 60,001 short lines is one
+    record over the limit, rejected (never built in memory), and the records around it are read."""
+    src, out = buckets
+    record = b'1,"' + b"ab\n" * 60_001 + b'"\n'
+    s3.put_object(Bucket=src, Key="in/tall.csv", Body=b"id,note\n0,ok\n" + record + b"2,fine\n")
+    result = await client.execute_workflow(
+        "S3BatchWorkflow",
+        S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", max_record_bytes=64 * 1024),
+        id=f"sec-tall-{uuid.uuid4().hex[:8]}",
+        task_queue=task_queue,
+        result_type=dict,
+    )
+    assert result["totals"]["records"] == 3 and result["totals"]["rejected"] == 1, result
+    assert [r["id"] for r in read_jsonl(s3, out, "o/")] == ["0", "2"]
+    rejects = read_jsonl(s3, out, "o/", kind="rejects")
+    assert [(r["line"], r["record"]) for r in rejects] == [(3, None)]
+    assert "longer than max_record_bytes (65536 bytes)" in rejects[0]["reason"]
