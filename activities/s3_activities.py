@@ -267,7 +267,9 @@ class S3Activities:
         # file, and then the report).
         probe = layout.write_check_key(job.output_prefix)
         try:
-            self.s3.head_bucket(Bucket=job.output_bucket)
+            # A LIST of the output prefix, not a HEAD of the bucket: a policy scoped to the prefix
+            # (deploy/iam) allows it, and a missing bucket still answers NoSuchBucket.
+            self.s3.list_objects_v2(Bucket=job.output_bucket, Prefix=job.output_prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
         try:

@@ -10,6 +10,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +25,19 @@ from activities.s3_activities import S3Activities
 from s3batch import layout
 from s3batch.config import Settings
 from s3batch.handlers import HandlerResult, Reject, chunk_handler
-from s3batch.models import JobSpec, ObjectRef, ProcessFileInput, S3BatchInput
+from s3batch.models import (
+    FinalReportInput,
+    JobSpec,
+    ListObjectsInput,
+    ObjectRef,
+    ProcessFileInput,
+    ProcessGroupInput,
+    ReportSegmentInput,
+    S3BatchInput,
+    Totals,
+)
 from s3batch.records import Record
+from s3batch.s3io import make_client
 from tests.helpers import committed_parts, history_events, read_jsonl, report
 
 MARKER = "SECRET-7d1f"
@@ -164,15 +176,16 @@ def _upload(s3: Any, bucket: str, key: str, body: bytes) -> ObjectRef:
 
 def _file(buckets: tuple[str, str], obj: ObjectRef, **options: Any) -> ProcessFileInput:
     src, out = buckets
-    fields: dict[str, Any] = {"format": "auto", "handler": "passthrough", "chunk_records": 500}
+    fields: dict[str, Any] = {"format": "auto", "handler": "passthrough", "chunk_records": 500, "output_prefix": "o/"}
     fields["max_record_bytes"] = 1024 * 1024
     fields.update(options)
-    return ProcessFileInput(job_id="sec", bucket=src, obj=obj, output_bucket=out, output_prefix="o/", **fields)
+    return ProcessFileInput(job_id="sec", bucket=src, obj=obj, output_bucket=out, **fields)
 
 
 def _job(buckets: tuple[str, str], **options: Any) -> JobSpec:
     src, out = buckets
-    return JobSpec(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", **options)
+    fields: dict[str, Any] = {"prefix": "in/", "output_prefix": "o/", **options}
+    return JobSpec(bucket=src, output_bucket=out, **fields)
 
 
 def _run(activities: S3Activities, method: str, arg: Any) -> Any:
@@ -257,3 +270,135 @@ async def test_a_csv_record_of_60001_short_lines_is_a_reject(
     rejects = read_jsonl(s3, out, "o/", kind="rejects")
     assert [(r["line"], r["record"]) for r in rejects] == [(3, None)]
     assert "longer than max_record_bytes (65536 bytes)" in rejects[0]["reason"]
+
+
+# ---------------------------------------------------------------------- point 5: least privilege
+
+OWNER = "123456789012"
+
+
+class _Requests:
+    """Records every request a client sends (operation and headers); optionally stops one."""
+
+    def __init__(self, client: Any, stop: str | None = None) -> None:
+        self.sent: list[tuple[str, dict[str, str]]] = []
+        self.stop = stop
+        client.meta.events.register("before-send.s3", self._record)
+
+    def _record(self, request: Any, event_name: str, **_: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        self.sent.append((operation, headers))
+        if operation == self.stop:
+            raise _Stopped(operation)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _report_input(buckets: tuple[str, str], files: list[Any]) -> FinalReportInput:
+    totals = Totals(files_listed=len(files), files_succeeded=len(files), records=sum(f.records for f in files))
+    totals.records_written = sum(f.records_written for f in files)
+    totals.rejected = sum(f.rejected for f in files)
+    totals.bytes_read = sum(f.bytes_read for f in files)
+    return FinalReportInput(job_id="sec", job=_job(buckets), status="succeeded", totals=totals, segments=1, files=[])
+
+
+def test_expected_bucket_owner_is_sent_on_every_call(s3: Any, buckets: tuple[str, str]) -> None:
+    """SeaweedFS ignores the header (the calls succeed); S3 refuses a bucket of another account."""
+    src, out = buckets
+    client = make_client(expected_bucket_owner=OWNER)
+    sent = _Requests(client)
+    acts = S3Activities(client, Settings())
+    obj = _upload(s3, src, "in/a.csv", _rows(10))
+    s3.put_object(Bucket=out, Key=layout.file_dir("o/", obj.key) + "part-00007.jsonl", Body=b"stale")
+    assert _run(acts, "check_job", _job(buckets))
+    assert _run(acts, "list_objects", ListObjectsInput(bucket=src, prefix="in/")).objects
+    result = _run(acts, "process_file", _file(buckets, obj, chunk_records=4))
+    segment = ReportSegmentInput(output_bucket=out, output_prefix="o/", segment=0, files=[result])
+    _run(acts, "write_report_segment", segment)
+    _run(acts, "write_report", _report_input(buckets, [result]))
+    client.copy_object(Bucket=out, Key="copy.json", CopySource={"Bucket": out, "Key": layout.report_key("o/")})
+    operations = {op for op, _ in sent.sent}
+    every = {"ListObjectsV2", "PutObject", "GetObject", "HeadObject", "DeleteObjects", "CopyObject"}
+    assert every <= operations, operations
+    for op, headers in sent.sent:
+        assert headers.get("x-amz-expected-bucket-owner") == OWNER, op
+        if op == "CopyObject":
+            assert headers.get("x-amz-source-expected-bucket-owner") == OWNER
+    assert layout.part_name(7) not in [k.rsplit("/", 1)[-1] for k in _keys(s3, out)]  # the stale part was deleted
+
+
+def _keys(s3: Any, bucket: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def test_allow_lists_refuse_buckets_and_prefixes_before_any_request(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    settings = Settings(allowed_sources=f"{src}/in/*, other-bucket/*", allowed_outputs=f"{out}/runs/*")
+    client = make_client(expected_bucket_owner="")
+    sent = _Requests(client)
+    acts = S3Activities(client, settings)
+    message = _invalid(acts, "check_job", _job(buckets))  # output_prefix "o/"
+    assert f"may not write to s3://{out}/o/" in message and f"S3BATCH_ALLOWED_OUTPUTS ({out}/runs/*)" in message
+    message = _invalid(acts, "check_job", _job(buckets, prefix="secret/", output_prefix="runs/1/"))
+    assert f"may not read from s3://{src}/secret/" in message and "S3BATCH_ALLOWED_SOURCES" in message
+    assert sent.sent == []  # refused before any S3 request
+    assert _run(acts, "check_job", _job(buckets, output_prefix="runs/1/"))
+    # A workflow input reaches the file activities even without check_job: they check again.
+    secret = _upload(s3, src, "secret/x.csv", _rows(2))
+    message = _invalid(acts, "process_file", _file(buckets, secret, output_prefix="runs/1/"))
+    assert f"s3://{src}/secret/x.csv" in message and "S3BATCH_ALLOWED_SOURCES" in message
+    group = ProcessGroupInput(file=_file(buckets, secret, output_prefix="o/"), more=[])
+    assert "S3BATCH_ALLOWED_OUTPUTS" in _invalid(acts, "process_group", group)
+    assert "S3BATCH_ALLOWED_OUTPUTS" in _invalid(acts, "write_report", _report_input(buckets, []))
+    assert not [k for k in _keys(s3, out) if not k.startswith("runs/1/_s3batch/")]  # nothing else written
+    allowed = _upload(s3, src, "in/ok.csv", _rows(2))
+    assert _run(acts, "process_file", _file(buckets, allowed, output_prefix="runs/1/")).status == "succeeded"
+
+
+def test_outputs_are_written_with_server_side_encryption(s3: Any, buckets: tuple[str, str]) -> None:
+    """SSE-S3 (AES256) on every PUT: write check, parts, rejects, report segments, report."""
+    src, out = buckets
+    acts = S3Activities(s3, Settings(output_sse="AES256"))
+    obj = _upload(s3, src, "in/a.csv", b"id,name\n0,a\n1,b,extra\n2,c\n")
+    _run(acts, "check_job", _job(buckets))
+    result = _run(acts, "process_file", _file(buckets, obj, chunk_records=2))
+    assert result.rejected == 1
+    segment = ReportSegmentInput(output_bucket=out, output_prefix="o/", segment=0, files=[result])
+    _run(acts, "write_report_segment", segment)
+    _run(acts, "write_report", _report_input(buckets, [result]))
+    written = _keys(s3, out)
+    kinds = {k.rsplit("/", 1)[-1].split("-")[0] for k in written}
+    assert {"part", "rejects", "report", "write", "_report.json"} <= kinds, written
+    for key in written:
+        assert s3.head_object(Bucket=out, Key=key).get("ServerSideEncryption") == "AES256", key
+
+
+def test_sse_kms_sends_the_key_id(s3: Any, buckets: tuple[str, str]) -> None:
+    """SeaweedFS without a KMS answers InternalError to aws:kms: what is sent is checked instead."""
+    key_id = "arn:aws:kms:eu-west-1:123456789012:key/0b2c"
+    client = make_client(expected_bucket_owner="")
+    sent = _Requests(client, stop="PutObject")
+    acts = S3Activities(client, Settings(output_sse="aws:kms", output_kms_key_id=key_id))
+    with pytest.raises(_Stopped):
+        _run(acts, "check_job", _job(buckets))
+    op, headers = sent.sent[-1]
+    assert op == "PutObject" and headers["x-amz-server-side-encryption"] == "aws:kms"
+    assert headers["x-amz-server-side-encryption-aws-kms-key-id"] == key_id
+    with pytest.raises(ValueError, match="S3BATCH_OUTPUT_KMS_KEY_ID is set: it needs S3BATCH_OUTPUT_SSE=aws:kms"):
+        Settings(output_kms_key_id=key_id)
+
+
+def test_iam_example_is_scoped_to_prefixes_and_the_account() -> None:
+    policy = json.loads((Path(__file__).parents[1] / "deploy" / "iam" / "s3batch-worker-policy.json").read_text())
+    for statement in policy["Statement"]:
+        condition = statement["Condition"]
+        assert condition["StringEquals"] == {"s3:ResourceAccount": "ACCOUNT-ID"}, statement["Sid"]
+        if statement["Action"] == ["s3:ListBucket"]:
+            bucket = statement["Resource"].removeprefix("arn:aws:s3:::")
+            assert condition["StringLike"] == {"s3:prefix": [f"{bucket.split('-')[0]}-PREFIX/*"]}
+        else:
+            assert statement["Resource"].endswith("-PREFIX/*"), statement
