@@ -598,6 +598,7 @@ class _FileJob:
         check_allowed(settings, "outputs", req.output_bucket, req.output_prefix)
         check_ceilings(settings, req.chunk_records, req.max_record_bytes, f"s3://{req.bucket}/{req.obj.key}")
         self._sse = sse_params(settings)
+        self._secret = settings.checkpoint_secret.get_secret_value().encode() or None
         self._heartbeat_hint = heartbeat
         self._fresh = fresh
         self._extra = () if index is None else (index,)
@@ -674,7 +675,8 @@ class _FileJob:
 
     def _committed(self, chunk: int, kind: str = "part") -> Checkpoint | bool | None:
         """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None
-        if absent, False if it was written for another source version or other options."""
+        if absent, False if it was written for another source version or other options, or, with a
+        checkpoint secret (``S3BATCH_CHECKPOINT_SECRET``), when its HMAC is missing or wrong."""
         key = (layout.part_key if kind == "part" else layout.rejects_key)(self.req.output_prefix, self.obj.key, chunk)
         try:
             head = self.s3.head_object(Bucket=self.req.output_bucket, Key=key)
@@ -684,7 +686,24 @@ class _FileJob:
             raise_s3_error(err, "reading", self.req.output_bucket, key)
         except BotoCoreError as err:
             raise_s3_error(err, "reading", self.req.output_bucket, key)
-        raw = head.get("Metadata", {}).get(layout.CHECKPOINT_METADATA)
+        metadata = head.get("Metadata", {})
+        raw = metadata.get(layout.CHECKPOINT_METADATA)
+        if (
+            raw
+            and self._secret is not None
+            and not layout.checkpoint_mac_ok(
+                self._secret, self.req.output_bucket, key, raw, metadata.get(layout.CHECKPOINT_MAC_METADATA)
+            )
+        ):
+            # Written without the workers' secret (by an older release, a worker without the secret,
+            # or whoever else can write the output prefix): never trusted, the chunk is processed
+            # again and the object replaced.
+            activity.logger.warning(
+                "%s carries a checkpoint without a valid HMAC (S3BATCH_CHECKPOINT_SECRET): not reused",
+                f"s3://{self.req.output_bucket}/{key}",
+                extra=self.log_extra,
+            )
+            return False
         try:
             cp = Checkpoint.model_validate_json(raw) if raw else None
         except ValidationError:
@@ -1079,7 +1098,11 @@ class _FileJob:
             "ContentType": "application/x-ndjson",
             **self._sse,
         }
-        kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
+        raw = cp.model_dump_json()
+        kwargs["Metadata"] = {layout.CHECKPOINT_METADATA: raw}
+        if self._secret is not None:
+            mac = layout.checkpoint_mac(self._secret, self.req.output_bucket, key, raw)
+            kwargs["Metadata"][layout.CHECKPOINT_MAC_METADATA] = mac
         try:
             response = self.s3.put_object(**kwargs)
         except (ClientError, BotoCoreError) as err:

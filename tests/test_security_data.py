@@ -402,3 +402,77 @@ def test_iam_example_is_scoped_to_prefixes_and_the_account() -> None:
             assert condition["StringLike"] == {"s3:prefix": [f"{bucket.split('-')[0]}-PREFIX/*"]}
         else:
             assert statement["Resource"].endswith("-PREFIX/*"), statement
+
+
+# ------------------------------------------------------------------ point 9: checkpoint integrity
+
+SECRET = "checkpoint-secret-for-tests"
+
+
+def _forge(s3: Any, out: str, key: str, **changes: Any) -> None:
+    """Rewrite a part as whoever can write the output prefix would: other data, a checkpoint of their
+    choosing (here: the file is done), its HMAC entry kept as it was."""
+    head = s3.head_object(Bucket=out, Key=key)
+    metadata = dict(head["Metadata"])
+    cp = json.loads(metadata[layout.CHECKPOINT_METADATA])
+    cp.update(changes)
+    metadata[layout.CHECKPOINT_METADATA] = json.dumps(cp)
+    s3.put_object(Bucket=out, Key=key, Body=b'{"forged": true}\n', Metadata=metadata)
+
+
+def _delete_from(s3: Any, out: str, folder: str, chunk: int) -> None:
+    for key in _keys(s3, out):
+        index = layout.output_index(key.rsplit("/", 1)[-1])
+        if key.startswith(folder) and index is not None and index >= chunk:
+            s3.delete_object(Bucket=out, Key=key)
+
+
+def test_a_forged_checkpoint_is_not_trusted_with_a_secret(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    acts = S3Activities(s3, Settings(checkpoint_secret=SECRET))
+    obj = _upload(s3, src, "in/a.csv", _rows(40))
+    folder = layout.file_dir("o/", obj.key)
+    first = _run(acts, "process_file", _file(buckets, obj, chunk_records=10))
+    assert first.chunks == 4
+    macs = [s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"] for c in range(4)]
+    assert all(layout.CHECKPOINT_MAC_METADATA in m for m in macs)
+    # Part 1 forged to say the file is complete after 11 records; parts 2 and 3 gone (an attempt crashed).
+    _delete_from(s3, out, folder, 2)
+    _forge(s3, out, folder + layout.part_name(1), next_record=11, records_written=11, done=True, chunk=2)
+    again = _run(acts, "process_file", _file(buckets, obj, chunk_records=10))
+    assert again.status == "succeeded" and again.resumed_from_record == 10  # from the last valid part
+    rows, _ = _part_rows(s3, out, obj.key)
+    assert [int(r["id"]) for r in rows] == list(range(40))  # the forged part was replaced
+    cps = committed_parts(s3, out, folder)
+    assert [cp.next_record for cp in cps] == [10, 20, 30, 40] and cps[-1].done
+
+
+def test_without_a_secret_checkpoints_are_trusted_and_old_parts_resume(s3: Any, buckets: tuple[str, str]) -> None:
+    """The trade-off: without a secret, output written by earlier releases (no HMAC) is reused, and
+    so is a forged checkpoint. Turning a secret on makes those parts be processed again."""
+    src, out = buckets
+    plain = S3Activities(s3, Settings())
+    obj = _upload(s3, src, "in/a.csv", _rows(30))
+    folder = layout.file_dir("o/", obj.key)
+    _run(plain, "process_file", _file(buckets, obj, chunk_records=10))
+    assert all(
+        layout.CHECKPOINT_MAC_METADATA not in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
+        for c in range(3)
+    )
+    _delete_from(s3, out, folder, 2)
+    resumed = _run(plain, "process_file", _file(buckets, obj, chunk_records=10))
+    assert resumed.resumed_from_record == 20  # old output stays readable without a secret
+    _delete_from(s3, out, folder, 2)
+    secure = S3Activities(s3, Settings(checkpoint_secret=SECRET))
+    secured = _run(secure, "process_file", _file(buckets, obj, chunk_records=10))
+    assert secured.resumed_from_record == 0 and secured.records == 30  # parts without an HMAC: reprocessed
+    assert [cp.next_record for cp in committed_parts(s3, out, folder)] == [10, 20, 30]
+    assert all(
+        layout.CHECKPOINT_MAC_METADATA in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
+        for c in range(3)
+    )
+    # And without the secret a forged checkpoint is what the next attempt believes.
+    _delete_from(s3, out, folder, 2)
+    _forge(s3, out, folder + layout.part_name(1), next_record=30, records_written=30, done=True)
+    trusted = _run(plain, "process_file", _file(buckets, obj, chunk_records=10))
+    assert trusted.records == 30 and trusted.chunks == 2  # nothing was read again: the forged part stands
