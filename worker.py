@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 
 from temporalio.worker import Worker
@@ -25,6 +26,31 @@ from s3batch.s3io import make_client
 from s3batch.search_attributes import ensure_registered
 
 log = logging.getLogger("s3batch.worker")
+
+SECRET_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "TEMPORAL_API_KEY",
+    "S3BATCH_ENCRYPTION_KEY",
+    "S3BATCH_ENCRYPTION_KEYS",
+    "S3BATCH_CODEC_TOKEN",
+)
+"""Variables holding secrets the worker (or a process sharing its environment) uses."""
+
+PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "replace-me", "replaceme", "example")
+"""A secret containing one of these (any case) is an example value: ``.env.example`` ships
+``change-me-...`` values, and AWS's documentation keys end in ``EXAMPLE`` / ``EXAMPLEKEY``."""
+
+
+def placeholder_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names (never the values) of the secret variables that still hold an example value."""
+    env = os.environ if environ is None else environ
+    return [
+        name
+        for name in SECRET_VARIABLES
+        if any(mark in env.get(name, "").lower() for mark in PLACEHOLDER_MARKS)
+    ]
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
@@ -63,6 +89,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 def main() -> None:
     settings = Settings()
+    placeholders = placeholder_secrets()
+    if placeholders:
+        # A deployment started from the example file as is would run with secrets anyone can read.
+        sys.exit(
+            f"s3batch-worker: {', '.join(placeholders)} still hold{'s' if len(placeholders) == 1 else ''} the "
+            "example value (it contains 'change-me' or 'example'): set real secrets (for docker compose, in .env; "
+            "see .env.example) and start again"
+        )
     try:
         # Read the keyring before anything connects: a bad key stops the worker with one clear line.
         keys_from_env()
