@@ -6,6 +6,7 @@ Temporal dev server, as everywhere."""
 from __future__ import annotations
 
 import base64
+import csv
 import json
 import logging
 import uuid
@@ -476,3 +477,17 @@ def test_without_a_secret_checkpoints_are_trusted_and_old_parts_resume(s3: Any, 
     _forge(s3, out, folder + layout.part_name(1), next_record=30, records_written=30, done=True)
     trusted = _run(plain, "process_file", _file(buckets, obj, chunk_records=10))
     assert trusted.records == 30 and trusted.chunks == 2  # nothing was read again: the forged part stands
+
+
+def test_no_process_wide_parser_state_decides_a_result(s3: Any, buckets: tuple[str, str]) -> None:
+    """csv.field_size_limit is process-wide: whatever else in the worker lowered it, a CSV field is
+    bounded by the job's max_record_bytes alone (each parser pins the limit to its maximum)."""
+    obj = _upload(s3, buckets[0], "in/wide.csv", b"id,note\n0," + b"w" * 200_000 + b"\n1,short\n")
+    previous = csv.field_size_limit(10)
+    try:
+        result = _run(S3Activities(s3, Settings()), "process_file", _file(buckets, obj))
+    finally:
+        csv.field_size_limit(previous)
+    assert (result.records_written, result.rejected) == (2, 0)
+    rows, _ = _part_rows(s3, buckets[1], obj.key)
+    assert [len(r["note"]) for r in rows] == [200_000, 5]
