@@ -255,8 +255,7 @@ class S3Activities:
         check_allowed(self.settings, "sources", job.bucket, job.prefix)
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
         if job.only_failed_of:
-            bucket, _, key = job.only_failed_of.removeprefix("s3://").partition("/")
-            check_allowed(self.settings, "outputs", bucket, key, also="sources")
+            self._report_location(job.only_failed_of)
         check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
         try:
             self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
@@ -285,6 +284,7 @@ class S3Activities:
     @activity.defn(name="s3batch.list_objects")
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
+        check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
             return self._list_failed(req)
         return self._list_page(req.bucket, req.prefix, req.page_size, req.continuation_token)
@@ -305,8 +305,15 @@ class S3Activities:
         token = response.get("NextContinuationToken") if response.get("IsTruncated") else None
         return ListObjectsResult(objects=objects, next_token=token)
 
-    def _read_report(self, uri: str) -> dict[str, Any]:
+    def _report_location(self, uri: str) -> tuple[str, str]:
+        """Bucket and key of the report ``uri`` to redrive, when the worker may read it (a report
+        lies in an output, or was copied into a source)."""
         bucket, _, key = uri.removeprefix("s3://").partition("/")
+        check_allowed(self.settings, "outputs", bucket, key, also="sources")
+        return bucket, key
+
+    def _read_report(self, uri: str) -> dict[str, Any]:
+        bucket, key = self._report_location(uri)
         try:
             body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except (ClientError, BotoCoreError) as err:

@@ -346,8 +346,14 @@ def test_allow_lists_refuse_buckets_and_prefixes_before_any_request(s3: Any, buc
     assert f"may not write to s3://{out}/o/" in message and f"S3BATCH_ALLOWED_OUTPUTS ({out}/runs/*)" in message
     message = _invalid(acts, "check_job", _job(buckets, prefix="secret/", output_prefix="runs/1/"))
     assert f"may not read from s3://{src}/secret/" in message and "S3BATCH_ALLOWED_SOURCES" in message
+    listing = ListObjectsInput(bucket=src, prefix="secret/")
+    assert "S3BATCH_ALLOWED_SOURCES" in _invalid(acts, "list_objects", listing)
     assert sent.sent == []  # refused before any S3 request
     assert _run(acts, "check_job", _job(buckets, output_prefix="runs/1/"))
+    redrive = _job(buckets, output_prefix="runs/2/", only_failed_of="s3://elsewhere/o/_report.json")
+    message = _invalid(acts, "check_job", redrive)
+    assert "s3://elsewhere/o/_report.json" in message
+    assert "S3BATCH_ALLOWED_OUTPUTS or S3BATCH_ALLOWED_SOURCES" in message
     # A workflow input reaches the file activities even without check_job: they check again.
     secret = _upload(s3, src, "secret/x.csv", _rows(2))
     message = _invalid(acts, "process_file", _file(buckets, secret, output_prefix="runs/1/"))
