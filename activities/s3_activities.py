@@ -652,7 +652,9 @@ class _FileJob:
         otherwise it would fail at the first chunk with rejects, after writing parts."""
         # Records are at least one byte each, and deflate expands at most ~1,032 times.
         max_records = self.obj.size * (1032 if self.gz else 1) + 1
-        max_chunks = max_records // self.req.chunk_records + 1
+        # A chunk holds at least one record and may end before chunk_records at the byte budget
+        # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
+        max_chunks = max_records
         longest = layout.longest_output_key(self.req.output_prefix, self.obj.key, max_chunks)
         size = len(longest.encode())
         if size > layout.MAX_KEY_BYTES:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import gzip
 import json
 import logging
 import uuid
@@ -497,3 +498,17 @@ def test_no_process_wide_parser_state_decides_a_result(s3: Any, buckets: tuple[s
     assert (result.records_written, result.rejected) == (2, 0)
     rows, _ = _part_rows(s3, buckets[1], obj.key)
     assert [len(r["note"]) for r in rows] == [200_000, 5]
+
+
+def test_output_key_length_counts_the_chunks_the_byte_budget_can_make(s3: Any, buckets: tuple[str, str]) -> None:
+    """A chunk may end before chunk_records (at the byte budget): a file's chunk count is bounded by its
+    records only. 100 compressed bytes may hold 103,200 records, so chunk numbers of 6 digits: the last
+    rejects key is 1,025 bytes, over S3's 1,024 (counted from chunk_records alone, it seemed to fit)."""
+    key = "kkk/" + "/".join(["a" * 197] * 5) + ".jsonl.gz"
+    body = gzip.compress(b'{"n": 1}\n' * 8)[:100].ljust(100, b"\0")
+    obj = _upload(s3, buckets[0], key, body)
+    assert len(layout.rejects_key("o/", key, 99_999).encode()) == 1024  # five digits fit exactly
+    with pytest.raises(ApplicationError) as info:
+        _run(S3Activities(s3, Settings()), "process_file", _file(buckets, obj, chunk_records=10_000))
+    assert info.value.type == "OutputKeyTooLong" and "would be up to 1025 bytes" in info.value.message
+    assert _keys(s3, buckets[1]) == []
