@@ -8,7 +8,7 @@
     s3batch watch ID [--interval 1] [--once]  # live view: a bar per file in flight, speed, ETA
     s3batch report ID [--json]
     s3batch redrive ID [--id NEW_ID] [--wait] # a new job over the files that failed in ID
-    s3batch list [--json]
+    s3batch list [--running] [--source BUCKET/PREFIX] [--json]
 
 ``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
 ``temporal workflow update execute --name pause --workflow-id ID`` does the same (``set_concurrency``
@@ -1231,7 +1231,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = commands.add_parser("start", help="start a job (validated locally first)")
     _add_job_flags(start)
-    start.add_argument("--id", help="workflow ID (default: s3batch-<bucket>-<random>); reusing one never reruns it")
+    start.add_argument(
+        "--id",
+        help="workflow ID (default: s3batch-<bucket>-<random>, or s3batch-<random> with an encryption key); reusing "
+        "one never reruns it",
+    )
     start.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
     start.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends")
     start.add_argument("--json", action="store_true", help="machine-readable output")

@@ -85,6 +85,21 @@ def test_source_values_are_keyed_hmacs_one_per_key_of_the_keyring() -> None:
     assert sa.source_query("b", "p/", [KEY]) == f'S3BatchSource IN ("{sa.source_value("b", "p/", [KEY])}")'
 
 
+def test_default_ids_name_no_bucket_with_a_key_and_list_source_is_an_exact_clause() -> None:
+    from s3batch.cli import EXIT_BAD_INPUT, CliError, default_workflow_id, list_query
+
+    job = S3BatchInput(bucket="secret-bucket", prefix="p/", output_bucket="out-bucket")
+    assert "secret-bucket" not in default_workflow_id(job, encrypted=True)
+    assert default_workflow_id(job, encrypted=False).startswith("s3batch-secret-bucket-")  # as before
+    query = list_query(running=True, source="s3://secret-bucket/p/", keys=[KEY])
+    assert query.endswith(f'AND S3BatchSource IN ("{sa.source_value("secret-bucket", "p/", [KEY])}")'), query
+    assert "secret-bucket" not in query
+    for bad in ("no-slash", '/p/', 'b/p" OR WorkflowId != "'):  # no bucket, or a quote breaking the query
+        with pytest.raises(CliError) as refused:
+            list_query(running=False, source=bad, keys=[])
+        assert refused.value.code == EXIT_BAD_INPUT and "BUCKET/PREFIX" in str(refused.value)
+
+
 async def test_an_encrypted_job_started_by_s3batch_names_no_source_in_what_the_server_stores(
     stack: Stack, s3: Any, buckets: tuple[str, str], task_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
