@@ -17,13 +17,12 @@ ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /src
 
-# Dependencies first, from pyproject.toml alone: this layer is rebuilt only when the pinned
-# dependencies change, not on every source edit.
+# Dependencies first, from the hashed lock of pyproject.toml's pins (requirements.lock, made by
+# pip-compile --generate-hashes): this layer is rebuilt only when the dependencies change, and every
+# file pip installs must match its hash.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt
+COPY requirements.lock ./
+RUN pip install --no-cache-dir -r requirements.lock --require-hashes --no-deps
 
 # Then the source, installed without dependencies (they are all in the layer above).
 # README.md* matches nothing harmlessly while the repository has no README.

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: install test lint demo stack-up stack-down bench clean chromium
+.PHONY: install test lint audit demo stack-up stack-down bench clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,27 @@ chromium:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	      || echo "chromium could not be installed: the Web UI test will be skipped"; \
 	  else echo "chromium not installed (needs root and apt-get): the Web UI test will be skipped"; fi; }
+
+AUDIT_VENV := .stack/audit-venv
+# Known vulnerabilities in the locked dependencies, with pip-audit in a venv of its own. Offline-tolerant:
+# where pip-audit cannot be installed or the service cannot be reached, skipped with a message (exit 0);
+# a known vulnerability fails the target.
+audit:
+	@test -x $(AUDIT_VENV)/bin/pip-audit || { $(PYTHON) -m venv $(AUDIT_VENV) \
+	  && $(AUDIT_VENV)/bin/pip install --quiet 'pip-audit==2.10.1'; } \
+	  || { echo "audit skipped: pip-audit could not be installed (no network?)"; exit 0; }; \
+	for lock in requirements.lock requirements-dev.lock; do \
+	  $(AUDIT_VENV)/bin/pip-audit --disable-pip --require-hashes --progress-spinner off --timeout 30 \
+	    -r $$lock > $(AUDIT_VENV)/$$lock.txt 2>&1; status=$$?; \
+	  if [ $$status -ne 0 ] && ! grep -q "known vulnerabilit" $(AUDIT_VENV)/$$lock.txt; then \
+	    tail -n 1 $(AUDIT_VENV)/$$lock.txt; \
+	    echo "audit of $$lock skipped: the vulnerability service could not be reached"; continue; \
+	  fi; \
+	  cat $(AUDIT_VENV)/$$lock.txt; \
+	  if grep -q "could not be audited" $(AUDIT_VENV)/$$lock.txt; then \
+	    echo "audit of $$lock incomplete: the packages above are unknown to the vulnerability service"; fi; \
+	  [ $$status -eq 0 ] || exit $$status; \
+	done
 
 stack-up: $(STAMP)
 	$(BIN)/s3batch-stack up

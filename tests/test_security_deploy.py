@@ -203,7 +203,6 @@ def test_the_lock_installs_with_require_hashes() -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the Dockerfile change is the lead's (see docs/SECURITY.md, supply chain)")
 def test_the_image_installs_the_lock_with_require_hashes() -> None:
     text = DOCKERFILE.read_text()
     assert "requirements.lock" in text and "--require-hashes" in text
