@@ -26,6 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
 
 from s3batch import layout
+from s3batch import search_attributes as sa
 from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
 from s3batch.config import Settings
 from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
@@ -240,6 +241,9 @@ class S3Activities:
         """The worker's data-path settings: allow-lists, ceilings, output encryption, checkpoint secret."""
         self.search_attributes_registered = False
         """Set by the worker once s3batch's search attributes are known to exist."""
+        self.source_keys: list[bytes] = []
+        """The encryption keyring (first = current), set by the plugin: ``S3BatchSource`` is then an
+        HMAC of the source, never its name."""
 
     # ------------------------------------------------------------------ job checks and listing
 
@@ -279,7 +283,10 @@ class S3Activities:
             raise_s3_error(err, "writing", job.output_bucket, probe)
         if job.only_failed_of:
             self._read_report(job.only_failed_of)
-        return JobCheck(search_attributes=self.search_attributes_registered)
+        return JobCheck(
+            search_attributes=self.search_attributes_registered,
+            source=sa.source_value(job.bucket, job.prefix, self.source_keys),
+        )
 
     @activity.defn(name="s3batch.list_objects")
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
@@ -610,7 +617,6 @@ class _FileJob:
         self._fresh = fresh
         self._extra = () if index is None else (index,)
         self._beat_at = -_BEAT_INTERVAL
-        self.metrics = _Metrics(req.handler)
         self._last_commit = time.monotonic()
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
@@ -620,6 +626,8 @@ class _FileJob:
             self.handler = get_handler(req.handler)
         except UnknownHandlerError as err:
             raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        # Only a registered handler's name becomes a metrics label.
+        self.metrics = _Metrics(req.handler)
         try:
             self.fmt, self.gz = resolve_format(req.obj.key, req.format)
         except UnknownFormatError as err:

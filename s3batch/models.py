@@ -316,6 +316,9 @@ class JobCheck(_Model):
 
     search_attributes: bool = False
     """The worker registered (or found) s3batch's search attributes: the workflow may upsert them."""
+    source: str | None = None
+    """The job's ``S3BatchSource`` value (an HMAC when the worker has an encryption key), for a job
+    started without one; None: leave it out."""
 
 
 class ListObjectsInput(_Model):

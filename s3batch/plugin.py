@@ -25,7 +25,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkerConfig
 
 from activities.s3_activities import S3Activities
-from s3batch.codec import EncryptionCodec, allow_plaintext_from_env, codec_from_env
+from s3batch.codec import EncryptionCodec, allow_plaintext_from_env, keys_from_env
 from s3batch.s3io import S3Client, make_client
 from workflows.batch import S3BatchWorkflow
 
@@ -79,13 +79,19 @@ class S3BatchPlugin(SimplePlugin):
     ) -> None:
         self._s3 = s3
         self._activities: S3Activities | None = None
-        codec: EncryptionCodec | None = None
         if encryption_key is None:
-            codec = codec_from_env()
-        elif encryption_key:
-            codec = EncryptionCodec(encryption_key, strict=not allow_plaintext_from_env())
-        if codec is not None and allow_plaintext is not None:
-            codec.strict = not allow_plaintext
+            keys = keys_from_env()
+        elif isinstance(encryption_key, bytes):
+            keys = [encryption_key] if encryption_key else []
+        else:
+            keys = list(encryption_key)
+        self._keys = keys
+        """The keyring (first = current), ``[]`` without encryption: the activities hash
+        ``S3BatchSource`` with it."""
+        codec: EncryptionCodec | None = None
+        if keys:
+            strict = not (allow_plaintext_from_env() if allow_plaintext is None else allow_plaintext)
+            codec = EncryptionCodec(keys, strict=strict)
         self.codec = codec
         """The encryption codec, or None when encryption is off."""
         super().__init__(
@@ -100,6 +106,7 @@ class S3BatchPlugin(SimplePlugin):
         """The activities object (built on first use)."""
         if self._activities is None:
             self._activities = S3Activities(self._s3 if self._s3 is not None else make_client())
+            self._activities.source_keys = self._keys
         return self._activities
 
     def _add_activities(self, existing: Any) -> list[Any]:

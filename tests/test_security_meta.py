@@ -23,7 +23,7 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a c
 from s3batch import search_attributes as sa
 from s3batch.devstack import Stack
 from s3batch.logs import TextFormatter, printable
-from s3batch.models import JobCheck, S3BatchInput
+from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.helpers import assert_invalid_input, history_events, run, wait_for
@@ -145,11 +145,6 @@ async def test_an_encrypted_job_started_by_s3batch_names_no_source_in_what_the_s
     assert f"hidden ({hashed[:12]}" in row and src not in row, row
 
 
-@pytest.mark.xfail(
-    "source" not in JobCheck.model_fields,
-    strict=True,
-    reason="needs check_job to return JobCheck(source=...) computed with the worker's keys (see SECURITY.md)",
-)
 async def test_an_encrypted_job_started_without_search_attributes_is_indexed_by_its_hmac(
     stack: Stack, s3: Any, buckets: tuple[str, str], task_queue: str
 ) -> None:
