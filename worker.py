@@ -35,6 +35,7 @@ SECRET_VARIABLES = (
     "S3BATCH_ENCRYPTION_KEY",
     "S3BATCH_ENCRYPTION_KEYS",
     "S3BATCH_CODEC_TOKEN",
+    "S3BATCH_CHECKPOINT_SECRET",
 )
 """Variables holding secrets the worker (or a process sharing its environment) uses."""
 
