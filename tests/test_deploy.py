@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from s3batch import health
 from s3batch.devstack import Stack
 from s3batch.models import Progress, S3BatchResult
 from tests.helpers import wait_for
+from worker import PLACEHOLDER_MARKS
 from workflows.batch import S3BatchWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,11 +153,23 @@ def container_command(service: dict[str, Any]) -> list[str]:
     return [*entrypoint, *command]
 
 
+@functools.cache
+def operator_dotenv() -> dict[str, str]:
+    """``.env`` as an operator writes it from ``.env.example``: every example secret replaced by a
+    real one (the worker refuses to start with an example value). One file for every service."""
+    return {
+        name: f"test-{name.lower()}-{uuid.uuid4().hex[:12]}"
+        if any(mark in value.lower() for mark in PLACEHOLDER_MARKS)
+        else value
+        for name, value in dotenv(ENV_EXAMPLE).items()
+    }
+
+
 def container_env(service: dict[str, Any]) -> dict[str, str]:
     """The environment a container of this service gets: the image's ENV, then compose's (from .env)."""
     env = dict(image_config()["env"]) if "build" in service else {}
     env.pop("PATH", None)  # the image's search path; the host run uses the venv's
-    dotenv_values = dotenv(ENV_EXAMPLE)
+    dotenv_values = dict(operator_dotenv())
     raw = service.get("environment", {})
     if isinstance(raw, list):
         raw = dict(item.split("=", 1) for item in raw)
@@ -368,12 +382,20 @@ def test_iam_policy_is_least_privilege() -> None:
         for resource in resources:
             assert resource.startswith("arn:aws:s3:::") and resource != "arn:aws:s3:::*", resource
             granted.setdefault(resource, set()).update(actions)
+    # Objects only under the job's prefixes; listing only of those prefixes; only the account's buckets.
     assert granted == {
         "arn:aws:s3:::SOURCE-BUCKET": {"s3:ListBucket"},
-        "arn:aws:s3:::SOURCE-BUCKET/*": {"s3:GetObject", "s3:GetObjectVersion"},
+        "arn:aws:s3:::SOURCE-BUCKET/SOURCE-PREFIX/*": {"s3:GetObject", "s3:GetObjectVersion"},
         "arn:aws:s3:::OUTPUT-BUCKET": {"s3:ListBucket"},
-        "arn:aws:s3:::OUTPUT-BUCKET/*": {"s3:PutObject", "s3:GetObject", "s3:DeleteObject"},
+        "arn:aws:s3:::OUTPUT-BUCKET/OUTPUT-PREFIX/*": {"s3:PutObject", "s3:GetObject", "s3:DeleteObject"},
     }
+    for statement in policy["Statement"]:
+        condition = statement.get("Condition", {})
+        assert condition.get("StringEquals", {}).get("s3:ResourceAccount") == "ACCOUNT-ID", statement
+        if "s3:ListBucket" in statement["Action"]:
+            bucket = statement["Resource"].removeprefix("arn:aws:s3:::")
+            prefix = bucket.replace("-BUCKET", "-PREFIX")
+            assert condition.get("StringLike", {}).get("s3:prefix") == [f"{prefix}/*"], statement
 
 
 # ----------------------------------------------------------------------------- health file
