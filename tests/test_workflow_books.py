@@ -65,7 +65,7 @@ class Scenario:
     files_per_run: int
     page_delay: dict[int, float] = field(default_factory=dict)
     """Extra seconds before the answer for some listing pages."""
-    rng: random.Random = field(repr=False, default_factory=random.Random)
+    rng: random.Random = field(repr=False, default_factory=lambda: random.Random(0))
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -238,7 +238,7 @@ def _job(sc: Scenario, prefix: str, **kw: Any) -> dict[str, Any]:
 
 
 async def _start(
-    client: Client, stubs: Stubs, sc: Scenario, task_queue: str, misbehave: str | None = None
+    client: Client, stubs: Stubs, sc: Scenario, task_queue: str, misbehave: str | None = None, **job: Any
 ) -> WorkflowHandle[Any, Any]:
     prefix = f"p{sc.seed}-{uuid.uuid4().hex[:6]}/"
     stubs.scenarios[prefix] = sc
@@ -246,7 +246,7 @@ async def _start(
         stubs.misbehave[prefix] = misbehave
     return await client.start_workflow(
         "S3BatchWorkflow",
-        args=[_job(sc, prefix), {"files_per_run": sc.files_per_run}],
+        args=[_job(sc, prefix, **job), {"files_per_run": sc.files_per_run}],
         id=f"books-{prefix.rstrip('/')}",
         task_queue=task_queue,
     )
@@ -384,7 +384,7 @@ async def test_a_failed_group_is_not_dropped_while_the_next_page_is_listed(
         files_per_run=500,
         page_delay={1: 3.0},
     )
-    handle = await _start(client, stubs, sc, task_queue)
+    handle = await _start(client, stubs, sc, task_queue, group_max_files=10, max_concurrent_files=4)
     result = await handle.result()
     rep = next(r for p, r in stubs.reports.items() if stubs.scenarios[p] is sc)
     assert sorted(f.key for f in rep["files"]) == keys
@@ -407,7 +407,8 @@ async def test_a_group_result_missing_a_file_fails_the_job_loudly(stub_env: tupl
             file_delay=(0.0, 0.0),
             files_per_run=500,
         )
-        handle = await _start(client, stubs, sc, task_queue, misbehave=how)
+        # One group of the three files, whatever the scenario's generator would have drawn.
+        handle = await _start(client, stubs, sc, task_queue, misbehave=how, group_max_files=10)
         with pytest.raises(WorkflowFailureError) as failure:
             await handle.result()
         cause = failure.value.cause
