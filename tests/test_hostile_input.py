@@ -19,10 +19,8 @@ from temporalio.worker import Worker
 import tests.fault_handlers  # noqa: F401 - registers the test handlers for the in-process worker
 from s3batch import layout
 from s3batch.models import S3BatchInput
+from tests.helpers import assert_invalid_input, read_jsonl, report
 from tests.procs import WorkerProcess, memory_kib, record_reliability
-from tests.test_faults import assert_invalid_input
-from tests.test_pipeline import read_jsonl
-from tests.test_resilience import report
 from workflows.batch import S3BatchWorkflow
 
 pytestmark = pytest.mark.slow
