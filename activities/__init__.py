@@ -1,5 +1,5 @@
 """s3batch activities (never import workflows from here)."""
 
-from activities.s3_activities import S3Activities
+from s3batch.activities.s3_activities import S3Activities
 
 __all__ = ["S3Activities"]

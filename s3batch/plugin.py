@@ -24,10 +24,10 @@ from temporalio.converter import (
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkerConfig
 
-from activities.s3_activities import S3Activities
+from s3batch.activities.s3_activities import S3Activities
 from s3batch.codec import EncryptionCodec, allow_plaintext_from_env, keys_from_env
 from s3batch.s3io import S3Client, make_client
-from workflows.batch import S3BatchWorkflow
+from s3batch.workflows.batch import S3BatchWorkflow
 
 _DEFAULT_ACTIVITY_SLOTS = 100  # the SDK's default max_concurrent_activities
 

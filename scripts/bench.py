@@ -516,8 +516,9 @@ def has_grouping() -> bool:
 
 async def run_job(client: Client, task_queue: str, *, prefix: str, out_prefix: str, **options: Any) -> dict[str, Any]:
     """Start an S3BatchWorkflow and wait for its result; wall time is start -> result."""
+    from s3batch.workflows.batch import S3BatchWorkflow
+
     from s3batch.models import S3BatchInput
-    from workflows.batch import S3BatchWorkflow
 
     job = S3BatchInput(bucket=SRC, prefix=prefix, output_bucket=OUT, output_prefix=out_prefix, **options)
     wid = f"bench-{uuid.uuid4().hex[:10]}"
@@ -854,8 +855,9 @@ async def _crash_one(b: Bench, design: str) -> dict[str, Any]:
              "chunk": z.crash_chunk, "delay": z.crash_delay, "heartbeat_timeout": z.heartbeat_timeout},
             id=wid, task_queue=queue, result_type=dict)
     else:
+        from s3batch.workflows.batch import S3BatchWorkflow
+
         from s3batch.models import S3BatchInput
-        from workflows.batch import S3BatchWorkflow
 
         handle = await b.client.start_workflow(
             S3BatchWorkflow.run,
@@ -911,8 +913,9 @@ async def _crash_one(b: Bench, design: str) -> dict[str, Any]:
 
 async def _sigterm_handoff(b: Bench) -> dict[str, Any]:
     """SIGTERM (a deploy) mid-file: seconds until attempt 2 runs on the other worker."""
+    from s3batch.workflows.batch import S3BatchWorkflow
+
     from s3batch.models import S3BatchInput
-    from workflows.batch import S3BatchWorkflow
 
     z = b.sizes
     queue = f"bench-6t-{uuid.uuid4().hex[:6]}"

@@ -85,13 +85,13 @@ def capture(
 
 async def _main() -> None:
     sys.path.insert(0, str(ROOT))
+    from s3batch.workflows.batch import S3BatchWorkflow
     from temporalio.client import Client
 
     from s3batch.devstack import Stack, StackConfig, ensure_buckets, s3_client
     from s3batch.models import S3BatchInput
     from s3batch.plugin import S3BatchPlugin
     from tests.procs import WorkerProcess
-    from workflows.batch import S3BatchWorkflow
 
     out_dir = ROOT / "docs"
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from google.protobuf import json_format
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
@@ -52,7 +53,6 @@ from s3batch.devstack import Stack
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
-from workflows.batch import S3BatchWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = os.urandom(32)

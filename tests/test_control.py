@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -26,7 +27,6 @@ from s3batch import layout
 from s3batch.devstack import Stack
 from s3batch.models import Progress, S3BatchInput, S3BatchResult
 from tests.helpers import has_part, make_csv, report, run, wait_for
-from workflows.batch import S3BatchWorkflow
 
 HEARTBEAT_TIMEOUT = 20
 """Generous: the SDK sends a heartbeat every 0.8 x the timeout, so a 2 s timeout failed a file on a

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client
 
 from s3batch import health
 from s3batch.devstack import Stack
 from s3batch.models import Progress, S3BatchResult
+from s3batch.worker import PLACEHOLDER_MARKS
 from tests.helpers import wait_for
-from worker import PLACEHOLDER_MARKS
-from workflows.batch import S3BatchWorkflow
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
@@ -45,7 +46,6 @@ from s3batch.plugin import S3BatchPlugin, _converter
 from s3batch.s3io import make_client
 from scripts.ui_screenshot import chromium
 from tests.helpers import BIN
-from workflows.batch import S3BatchWorkflow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,9 +7,9 @@ import json
 from decimal import Decimal
 from typing import Any
 
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.testing import ActivityEnvironment
 
-from activities.s3_activities import S3Activities
 from s3batch import layout
 from s3batch.handlers import record_handler
 from s3batch.models import ObjectRef, ProcessFileInput

@@ -27,6 +27,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -53,7 +54,6 @@ from tests.helpers import (
     wait_for,
 )
 from tests.procs import WorkerProcess, pause, record_reliability, unpause
-from workflows.batch import S3BatchWorkflow
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from activities.s3_activities import S3Activities
 from s3batch import layout
 from s3batch.handlers import HandlerResult, record_handler, register
 from s3batch.models import Checkpoint, FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput

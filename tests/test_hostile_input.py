@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
@@ -21,7 +22,6 @@ from s3batch import layout
 from s3batch.models import S3BatchInput
 from tests.helpers import assert_invalid_input, read_jsonl, report
 from tests.procs import WorkerProcess, memory_kib, record_reliability
-from workflows.batch import S3BatchWorkflow
 
 pytestmark = pytest.mark.slow
 

@@ -9,13 +9,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from s3batch.workflows.batch import LIST_PAGE_SIZE, S3BatchWorkflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from s3batch import layout
 from s3batch.models import S3BatchInput, S3BatchResult
 from tests.helpers import history_events, report, scheduled_activities
-from workflows.batch import LIST_PAGE_SIZE, S3BatchWorkflow
 
 
 def body(i: int) -> bytes:

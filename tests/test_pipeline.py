@@ -7,13 +7,13 @@ import json
 import uuid
 from typing import Any
 
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 import tests.fault_handlers as fault_handlers
 from s3batch.models import S3BatchInput, S3BatchResult
 from tests.helpers import read_jsonl, report
-from workflows.batch import S3BatchWorkflow
 
 __all__ = ["read_jsonl"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
 

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 from temporalio.worker import Worker
@@ -25,7 +26,6 @@ from s3batch.jsonvalues import encode_json
 from s3batch.records import Record
 from tests.helpers import report, run, wait_for
 from tests.procs import record_reliability
-from workflows.batch import S3BatchWorkflow
 
 N = 520
 GATE = {"delay": 0.0}

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.s3_activities import S3Activities
 from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
 from s3batch.models import FileResult, FinalReportInput, JobSpec, ReportSegmentInput, Totals
 from tests.helpers import report

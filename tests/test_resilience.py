@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
@@ -17,7 +18,6 @@ from s3batch.models import S3BatchInput
 from s3batch.s3io import WORKER_SHUTDOWN
 from tests.helpers import committed_parts, csv_rows, make_csv, read_jsonl, report, wait_for
 from tests.procs import WorkerProcess
-from workflows.batch import S3BatchWorkflow
 
 __all__ = ["report"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
 

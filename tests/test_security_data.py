@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, field_validator
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities.s3_activities import S3Activities
 from s3batch import layout
 from s3batch.config import Settings
 from s3batch.handlers import HandlerResult, Reject, chunk_handler

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from worker import PLACEHOLDER_MARKS, placeholder_secrets
+from s3batch.worker import PLACEHOLDER_MARKS, placeholder_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"

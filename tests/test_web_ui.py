@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
@@ -21,7 +22,6 @@ from s3batch.models import S3BatchInput
 from scripts.ui_screenshot import capture, chromium
 from tests.helpers import make_csv, run, wait_for
 from tests.procs import WorkerProcess
-from workflows.batch import S3BatchWorkflow
 
 
 async def details(handle: WorkflowHandle[Any, Any]) -> str:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -42,7 +43,6 @@ from s3batch.models import (
 )
 from tests.helpers import history_events
 from tests.procs import record_reliability
-from workflows.batch import S3BatchWorkflow
 
 SMALL = 100
 """Size of a stub object that is grouped (the jobs below group objects under 1,000 bytes)."""

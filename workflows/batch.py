@@ -30,7 +30,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, i
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from activities.s3_activities import S3Activities
+    from s3batch.activities.s3_activities import S3Activities
+
     from s3batch import layout
     from s3batch import search_attributes as sa
     from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest

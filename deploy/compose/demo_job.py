@@ -21,11 +21,11 @@ import time
 import uuid
 
 import boto3
+from s3batch.workflows.batch import S3BatchWorkflow
 
 from s3batch.config import Settings, connect, ui_base
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
-from workflows.batch import S3BatchWorkflow
 
 
 def sample_csv(file_no: int, rows: int) -> bytes:

@@ -1,0 +1,123 @@
+"""The s3batch worker: runs ``S3BatchWorkflow`` and its activities until SIGTERM/SIGINT.
+
+Configuration comes from the environment (see ``s3batch.config``). On SIGTERM (a deploy,
+``docker stop``) the worker stops polling at once; files in flight stop at their next chunk boundary,
+checkpoint, and continue on another worker about a second later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from datetime import timedelta
+
+from temporalio.worker import Worker
+
+from s3batch import logs
+from s3batch.codec import KeyringError, allow_plaintext_from_env, keys_from_env
+from s3batch.config import Settings, connect, metrics_runtime
+from s3batch.health import HealthReporter
+from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
+from s3batch.search_attributes import ensure_registered
+
+log = logging.getLogger("s3batch.worker")
+
+SECRET_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "TEMPORAL_API_KEY",
+    "S3BATCH_ENCRYPTION_KEY",
+    "S3BATCH_ENCRYPTION_KEYS",
+    "S3BATCH_CODEC_TOKEN",
+    "S3BATCH_CHECKPOINT_SECRET",
+)
+"""Variables holding secrets the worker (or a process sharing its environment) uses."""
+
+PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "replace-me", "replaceme", "example")
+"""A secret containing one of these (any case) is an example value: ``.env.example`` ships
+``change-me-...`` values, and AWS's documentation keys end in ``EXAMPLE`` / ``EXAMPLEKEY``."""
+
+
+def placeholder_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names (never the values) of the secret variables that still hold an example value."""
+    env = os.environ if environ is None else environ
+    return [
+        name
+        for name in SECRET_VARIABLES
+        if any(mark in env.get(name, "").lower() for mark in PLACEHOLDER_MARKS)
+    ]
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    """Connect, run the worker until ``stop`` is set, then shut down gracefully."""
+    settings.import_handler_modules()
+    # One S3 client for all activity threads, with a connection per slot.
+    plugin = S3BatchPlugin(make_client(max_pool_connections=settings.max_concurrent_files + 4))
+    runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
+    client = await connect([plugin], runtime)
+    # Where the server allows it, register s3batch's search attributes so jobs can be filtered in
+    # the Web UI; the workflow upserts them only when they exist.
+    plugin.s3_activities.search_attributes_registered = await ensure_registered(client)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        max_concurrent_activities=settings.max_concurrent_files,
+        graceful_shutdown_timeout=timedelta(seconds=settings.graceful_shutdown_seconds),
+        # When a worker dies, its cached workflows move to another worker after this (default 10 s).
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=3),
+    )
+    # The health reporter exits first: the worker reports unhealthy as soon as it stops polling.
+    async with worker, HealthReporter.from_env(client, worker, task_queue=settings.task_queue):
+        log.info(
+            "worker polling task queue %r on %s (namespace %s), %d file slots",
+            settings.task_queue,
+            client.service_client.config.target_host,
+            client.namespace,
+            settings.max_concurrent_files,
+        )
+        if settings.metrics_address:
+            log.info("Prometheus metrics at http://%s/metrics", settings.metrics_address)
+        await stop.wait()
+        log.info("shutting down: in-flight files stop at their next chunk boundary and move on")
+    log.info("worker stopped")
+
+
+def main() -> None:
+    settings = Settings()
+    placeholders = placeholder_secrets()
+    if placeholders:
+        # A deployment started from the example file as is would run with secrets anyone can read.
+        sys.exit(
+            f"s3batch-worker: {', '.join(placeholders)} still hold{'s' if len(placeholders) == 1 else ''} the "
+            "example value (it contains 'change-me' or 'example'): set real secrets (for docker compose, in .env; "
+            "see .env.example) and start again"
+        )
+    try:
+        # Read the keyring before anything connects: a bad key stops the worker with one clear line.
+        keys_from_env()
+        allow_plaintext_from_env()
+    except KeyringError as err:
+        sys.exit(f"s3batch-worker: the encryption settings are not usable: {err}")
+    logs.configure(settings.log_level, settings.log_format)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        loop.run_until_complete(run_worker(settings, stop))
+    finally:
+        loop.close()
+    # The Temporal core runtime's threads can abort interpreter finalisation (temporalio/sdk-python
+    # issue 300, exit 134); the drain is complete here, so leave without finalising.
+    logging.shutdown()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
