@@ -28,7 +28,13 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITE = ["tests/test_faults.py", "tests/test_hostile_input.py"]
+SUITE = [
+    "tests/test_faults.py",
+    "tests/test_hostile_input.py",
+    "tests/test_workflow_books.py",
+    "tests/test_redrive_cancelled.py",
+    "tests/test_upgrade.py",
+]
 ENV = "S3BATCH_RELIABILITY_FILE"
 COLUMNS = [
     "Fault",
