@@ -441,8 +441,8 @@ class S3BatchWorkflow:
     def _check_books(self) -> None:
         """Fail the job loudly when its counts or key digests do not add up (a lost or doubled file).
 
-        files listed = succeeded + failed + cancelled + pending + in flight, and the digest of the
-        listed keys = the digest of the recorded results' keys + that of the pending and in-flight ones.
+        files listed = succeeded + failed + cancelled + not started + pending + in flight, and the
+        digest of the listed keys = that of the recorded results' keys + the pending and in-flight ones.
         """
         st = self._state
         t = st.totals
@@ -459,8 +459,7 @@ class S3BatchWorkflow:
             problems.append(
                 f"{t.files_listed} files listed, but {t.files_succeeded} succeeded + {t.files_failed} failed + "
                 f"{t.files_cancelled} cancelled + {t.files_not_started} not started + {len(st.pending)} pending + "
-                f"{len(self._in_flight)} in flight "
-                f"= {accounted}"
+                f"{len(self._in_flight)} in flight = {accounted}"
             )
         if st.listed_digest is not None and st.done_digest is not None:
             open_keys = key_digest([*(obj.key for obj in st.pending), *self._in_flight])
