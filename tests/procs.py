@@ -13,12 +13,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class WorkerProcess:
-    """``worker.py`` in a subprocess, with the stack's environment and a log file."""
+    """``worker.py`` in a subprocess, with the stack's environment and a log file.
 
-    def __init__(self, task_queue: str, log_dir: Path, name: str, **env: str) -> None:
+    ``python``, ``script`` and ``cwd`` default to this checkout's worker under the current
+    interpreter (``tests.release.ReleaseWorker`` runs another release's instead); ``drop_env`` names
+    variables of this process not to pass on.
+    """
+
+    what = "worker"
+    ready_timeout: float = 30
+
+    def __init__(
+        self,
+        task_queue: str,
+        log_dir: Path,
+        name: str,
+        *,
+        python: Path | str = sys.executable,
+        script: Path = ROOT / "worker.py",
+        cwd: Path = ROOT,
+        drop_env: tuple[str, ...] = (),
+        **env: str,
+    ) -> None:
         self.log_path = log_dir / f"worker-{name}.log"
         full_env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in drop_env},
             "S3BATCH_TASK_QUEUE": task_queue,
             "S3BATCH_HANDLER_MODULES": "tests.slow_handlers",
             "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
@@ -27,8 +46,8 @@ class WorkerProcess:
         }
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "worker.py")],
-            cwd=ROOT,
+            [str(python), str(script)],
+            cwd=cwd,
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -39,15 +58,16 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if "worker polling" in self.log():
                 return
             if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.what} exited with {self.proc.returncode}:\n{self.log()}")
             time.sleep(0.1)
-        raise TimeoutError(f"worker not ready after {timeout}s:\n{self.log()}")
+        raise TimeoutError(f"{self.what} not ready after {timeout}s:\n{self.log()}")
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -22,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.procs import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +129,7 @@ def _export(commit: str, dest: Path) -> None:
             tar.extractall(dest, filter="data")
 
 
-class ReleaseWorker:
+class ReleaseWorker(WorkerProcess):
     """The release's ``worker.py`` in a subprocess of the release's own Python, with the stack's
     environment (the current process's) and a log file.
 
@@ -136,46 +137,28 @@ class ReleaseWorker:
     release's own test handlers, never the current ones.
     """
 
+    what = "release worker"
+    ready_timeout = 60
+
     def __init__(self, release: Release, task_queue: str, log_dir: Path, name: str, **env: str) -> None:
         self.release = release
-        self.log_path = log_dir / f"worker-{name}.log"
-        full_env = {
-            **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-            "S3BATCH_TASK_QUEUE": task_queue,
-            "S3BATCH_HANDLER_MODULES": "tests.slow_handlers",
-            "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
-            "PYTHONUNBUFFERED": "1",
+        super().__init__(
+            task_queue,
+            log_dir,
+            name,
+            python=release.python,
+            script=release.worker_py,
+            cwd=release.src,
+            drop_env=("PYTHONPATH", "VIRTUAL_ENV"),
             **env,
-        }
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [str(release.python), str(release.worker_py)],
-                cwd=release.src,
-                env=full_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if "worker polling" in self.log():
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"release worker exited with {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.1)
-        raise TimeoutError(f"release worker not ready after {timeout}s:\n{self.log()}")
+        )
 
     def terminate(self, timeout: float = 60) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        return super().terminate(timeout)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
+        # A release worker is not measured by coverage: no need to let it drain first.
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(timeout)
