@@ -17,6 +17,7 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 
 # The test suite starts its own Temporal dev server and SeaweedFS on free loopback ports. It runs
 # under coverage (line and branch, worker and CLI subprocesses included; see [tool.coverage.*] in
@@ -24,6 +25,7 @@ lint: $(STAMP)
 # tests (PYTEST_ARGS) prints its coverage without the floor.
 test: $(STAMP) chromium
 	$(BIN)/ruff check .
+	$(BIN)/python scripts/typecheck.py
 	rm -f .coverage .coverage.*
 	$(BIN)/coverage run -m pytest $(PYTEST_ARGS); status=$$?; \
 	  $(BIN)/coverage combine --quiet; \
