@@ -65,7 +65,7 @@ from temporalio import activity, workflow  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.common import RetryPolicy  # noqa: E402
 
-from s3batch.sample_data import customer_row  # noqa: E402
+from s3batch.dev.sample_data import customer_row  # noqa: E402
 
 SRC = "bench-src"
 OUT = "bench-out"
@@ -1045,7 +1045,7 @@ def table(rows: list[Row]) -> str:
 
 
 async def bench(args: argparse.Namespace) -> int:
-    from s3batch.devstack import Stack, StackConfig, ensure_buckets
+    from s3batch.dev.stack import Stack, StackConfig, ensure_buckets
     from s3batch.plugin import S3BatchPlugin
 
     sizes = replace(QUICK) if args.quick else Sizes()

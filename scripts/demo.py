@@ -26,9 +26,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from s3batch import devstack
-from s3batch.devstack import StackConfig, ensure_buckets, s3_client
-from s3batch.sample_data import upload_samples
+from s3batch.dev import stack as devstack
+from s3batch.dev.sample_data import upload_samples
+from s3batch.dev.stack import StackConfig, ensure_buckets, s3_client
 
 SOURCE_BUCKET = "incoming"
 OUTPUT_BUCKET = "processed"

@@ -41,7 +41,7 @@ from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-from s3batch.devstack import ACCESS_KEY, SECRET_KEY, Stack, StackConfig, ensure_buckets, s3_client  # noqa: E402
+from s3batch.dev.stack import ACCESS_KEY, SECRET_KEY, Stack, StackConfig, ensure_buckets, s3_client  # noqa: E402
 from tests.procs import WorkerProcess  # noqa: E402
 from tests.release import PREVIOUS_RELEASE, ReleaseWorker, build_release  # noqa: E402
 

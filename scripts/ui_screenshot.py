@@ -88,7 +88,7 @@ async def _main() -> None:
     from s3batch.workflows.batch import S3BatchWorkflow
     from temporalio.client import Client
 
-    from s3batch.devstack import Stack, StackConfig, ensure_buckets, s3_client
+    from s3batch.dev.stack import Stack, StackConfig, ensure_buckets, s3_client
     from s3batch.models import S3BatchInput
     from s3batch.plugin import S3BatchPlugin
     from tests.procs import WorkerProcess

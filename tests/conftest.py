@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from s3batch.devstack import Stack, StackConfig, ensure_buckets, s3_client
+from s3batch.dev.stack import Stack, StackConfig, ensure_buckets, s3_client
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 

@@ -27,10 +27,10 @@ from s3batch.cli import (
     throughput,
     watch_renderable,
 )
+from s3batch.dev.sample_data import customers_csv, upload_chunks
 from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.models import Checkpoint, Progress, S3BatchResult
 from s3batch.records import Record
-from s3batch.sample_data import customers_csv, upload_chunks
 from tests.helpers import read_jsonl, run, wait_for
 
 SLOW_HANDLER = "slow_passthrough"

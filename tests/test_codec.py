@@ -49,7 +49,7 @@ from s3batch.codec import (
     keys_from_env,
     parse_key,
 )
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client

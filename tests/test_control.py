@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
 from s3batch import layout
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import Progress, S3BatchInput, S3BatchResult
 from tests.helpers import has_part, make_csv, report, run, wait_for
 

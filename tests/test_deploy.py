@@ -30,7 +30,7 @@ from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client
 
 from s3batch import health
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import Progress, S3BatchResult
 from s3batch.worker import PLACEHOLDER_MARKS
 from tests.helpers import wait_for

@@ -40,7 +40,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
 from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, CodecServer, EncryptionCodec, ServerConfig, key_id
-from s3batch.devstack import Stack, StackConfig
+from s3batch.dev.stack import Stack, StackConfig
 from s3batch.models import S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin, _converter
 from s3batch.s3io import make_client

@@ -35,8 +35,9 @@ from temporalio.worker import Worker
 
 import tests.fault_handlers
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
-from s3batch import devstack, layout
-from s3batch.devstack import Stack
+from s3batch import layout
+from s3batch.dev import stack as devstack
+from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client

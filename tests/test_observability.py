@@ -11,7 +11,7 @@ from typing import Any
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client
 
-from s3batch.devstack import SECRET_KEY, free_port_block
+from s3batch.dev.stack import SECRET_KEY, free_port_block
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 from tests.procs import WorkerProcess

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
 from s3batch import search_attributes as sa
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.logs import TextFormatter, printable
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin

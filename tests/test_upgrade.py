@@ -25,7 +25,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from tests.fault_handlers import handled_records
 from tests.procs import WorkerProcess
 from tests.release import PREVIOUS_RELEASE, Release, ReleaseUnavailable, ReleaseWorker, build_release

@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from scripts.ui_screenshot import capture, chromium
 from tests.helpers import make_csv, run, wait_for

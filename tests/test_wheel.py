@@ -18,7 +18,7 @@ import pytest
 from temporalio.client import Client
 
 import s3batch
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput, S3BatchResult
 from tests.helpers import read_jsonl, wait_for
 

@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from s3batch.accounting import ACCOUNTING_ERROR, report_problems
-from s3batch.devstack import Stack
+from s3batch.dev.stack import Stack
 from s3batch.models import (
     FileResult,
     FinalReportInput,

@@ -3,7 +3,7 @@
 Every generator is seeded and yields ``bytes`` chunks, so a 100 MB file can be generated and uploaded
 as a stream without ever being held in memory::
 
-    s3 = s3batch.devstack.s3_client(config)
+    s3 = s3batch.dev.stack.s3_client(config)
     samples = upload_samples(s3, "incoming", "demo/", rows=200_000)
     for sample in samples:
         print(sample.key, sample.records, sample.parse_rejects)
