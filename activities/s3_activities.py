@@ -22,14 +22,24 @@ from typing import Any
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
+from s3batch.activities.boundary import boundary, unexpected
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory, CancelledError
+from temporalio.exceptions import CancelledError
 
 from s3batch import layout
 from s3batch import search_attributes as sa
-from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
+from s3batch.accounting import combine, key_digest, report_problems
 from s3batch.config import Settings
-from s3batch.handlers import HandlerResult, Reject, UnknownHandlerError, get_handler
+from s3batch.errors import (
+    AccountingError,
+    BadFile,
+    HandlerError,
+    InvalidInput,
+    OutputKeyTooLong,
+    S3BatchError,
+    WorkerShutdown,
+)
+from s3batch.handlers import HandlerResult, Reject, get_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.models import (
     REDRIVE_STATUSES,
@@ -46,14 +56,8 @@ from s3batch.models import (
     ReportSegmentInput,
     describe_validation_error,
 )
-from s3batch.records import Record, UnknownFormatError, make_parser, read_csv_header, resolve_format
+from s3batch.records import Record, make_parser, read_csv_header, resolve_format
 from s3batch.s3io import (
-    BAD_FILE,
-    INVALID_INPUT,
-    NON_RETRYABLE_TYPES,
-    OUTPUT_KEY_TOO_LONG,
-    UNKNOWN_HANDLER,
-    WORKER_SHUTDOWN,
     S3Client,
     check_allowed,
     check_ceilings,
@@ -176,20 +180,6 @@ _JSON_TYPE_ERRORS = ("Type is not JSON serializable: ", "Dict key must be str", 
 """Beginnings of the TypeErrors of ``encode_json`` that name a type or a limit, never a value."""
 
 
-def _unexpected(err: Exception, where: str, *details: Any) -> ApplicationError:
-    """An error s3batch did not expect (a bug, or a handler's object misbehaving), retryable. Only its
-    type is reported: its text may quote record contents, and it would reach workflow history, the
-    report and the worker's log."""
-    name = type(err).__name__
-    activity.logger.warning("unexpected %s processing %s (its message is not shown: it may quote records)", name, where)
-    return ApplicationError(
-        f"unexpected error processing {where}: {name} (its message is withheld: it may quote record contents); "
-        "the attempt is retried. Reproduce it locally on this file to see it.",
-        *details,
-        type=name,
-    )
-
-
 def _take(records: Iterator[Record], parser: Any, want: int, until: int) -> list[Record]:
     """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``."""
     batch: list[Record] = []
@@ -200,7 +190,7 @@ def _take(records: Iterator[Record], parser: Any, want: int, until: int) -> list
     return batch
 
 
-def _failed(item: ProcessFileInput, err: ApplicationError, attempt: int) -> FileResult:
+def _failed(item: ProcessFileInput, err: S3BatchError, attempt: int) -> FileResult:
     return FileResult(
         key=item.obj.key,
         etag=item.obj.etag,
@@ -248,14 +238,12 @@ class S3Activities:
     # ------------------------------------------------------------------ job checks and listing
 
     @activity.defn(name="s3batch.check_job")
+    @boundary()
     def check_job(self, job: JobSpec) -> JobCheck:
         """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
         buckets or prefixes this worker may not use, limits over its ceilings, missing or unreadable
         buckets."""
-        try:
-            get_handler(job.handler)
-        except UnknownHandlerError as err:
-            raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        get_handler(job.handler)
         check_allowed(self.settings, "sources", job.bucket, job.prefix)
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
         if job.only_failed_of:
@@ -289,6 +277,7 @@ class S3Activities:
         )
 
     @activity.defn(name="s3batch.list_objects")
+    @boundary()
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
@@ -330,9 +319,7 @@ class S3Activities:
         except ValueError:
             report = None
         if not isinstance(report, dict) or not isinstance(report.get("files"), list):
-            raise ApplicationError(
-                f"{uri} is not an s3batch job report (no 'files' list)", type=INVALID_INPUT, non_retryable=True
-            )
+            raise InvalidInput(f"{uri} is not an s3batch job report (no 'files' list)")
         return report
 
     def _list_failed(self, req: ListObjectsInput) -> ListObjectsResult:
@@ -371,6 +358,7 @@ class S3Activities:
     # ------------------------------------------------------------------ one file
 
     @activity.defn(name="s3batch.process_file")
+    @boundary(attempt_details=True)
     def process_file(self, req: ProcessFileInput) -> FileResult:
         """Process one object chunk by chunk, resuming from the furthest committed checkpoint.
 
@@ -391,19 +379,13 @@ class S3Activities:
             if job is not None and cp is not None and cp.done:
                 return job.verify(job.result(cp))
             return _cancelled(req, cp, attempt["attempt"])
-        except ApplicationError as err:
-            raise ApplicationError(
-                err.message,
-                attempt,
-                type=err.type,
-                non_retryable=err.non_retryable,
-                next_retry_delay=err.next_retry_delay,
-                category=err.category,
-            ) from err
+        except S3BatchError:
+            raise
         except Exception as err:  # noqa: BLE001 - its text may quote record contents
-            raise _unexpected(err, f"s3://{req.bucket}/{req.obj.key}", attempt) from None
+            raise unexpected(err, f"s3://{req.bucket}/{req.obj.key}") from None
 
     @activity.defn(name="s3batch.process_group")
+    @boundary()
     def process_group(self, req: ProcessGroupInput) -> list[FileResult]:
         """Process small objects one after the other. A file that fails for good (changed, missing,
         bad format) is reported failed without failing the group; a transient error fails the
@@ -430,8 +412,8 @@ class S3Activities:
                 try:
                     jobs[index] = job = _FileJob(self.s3, self.settings, item, hint, index, fresh=fresh)
                     results[index] = job.run()
-                except ApplicationError as err:
-                    if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
+                except S3BatchError as err:
+                    if err.retryable:
                         raise
                     results[index] = _failed(item, err, info.attempt)
             return self._verify_group(items, jobs, results, info.attempt)
@@ -439,11 +421,11 @@ class S3Activities:
             if not _job_cancelled():
                 raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
             return self._cancelled_group(items, jobs, results, info.attempt, details, resume_index)
-        except ApplicationError:
+        except S3BatchError:
             raise
         except Exception as err:  # noqa: BLE001 - its text may quote record contents
             where = f"a group of {len(items)} files from s3://{req.file.bucket}/{req.file.obj.key}"
-            raise _unexpected(err, where) from None
+            raise unexpected(err, where) from None
 
     def _verify_group(
         self,
@@ -462,8 +444,8 @@ class S3Activities:
             if job is not None:
                 try:
                     result = job.verify(result, listings.get(job.dir))
-                except ApplicationError as err:
-                    if not (err.non_retryable or err.type in NON_RETRYABLE_TYPES):
+                except S3BatchError as err:
+                    if err.retryable:
                         raise
                     result = _failed(items[index], err, attempt)
             final.append(result)
@@ -504,6 +486,7 @@ class S3Activities:
     # ------------------------------------------------------------------ report
 
     @activity.defn(name="s3batch.write_report_segment")
+    @boundary()
     def write_report_segment(self, req: ReportSegmentInput) -> str:
         """Flush the per-file results of one workflow run (before continue-as-new)."""
         check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
@@ -513,6 +496,7 @@ class S3Activities:
         return key
 
     @activity.defn(name="s3batch.write_report")
+    @boundary()
     def write_report(self, req: FinalReportInput) -> str:
         """Write ``{output_prefix}_report.json``: every file of the job and the totals."""
         job = req.job
@@ -567,11 +551,9 @@ class S3Activities:
         key = layout.report_key(job.output_prefix)
         self._put(job.output_bucket, key, json.dumps(report, indent=1).encode(), "application/json")
         if problems:
-            raise ApplicationError(
+            raise AccountingError(
                 f"accounting error: the job's books do not add up: {'; '.join(problems)}. The report at "
-                f"s3://{job.output_bucket}/{key} says so; this is a bug in s3batch, please report it.",
-                type=ACCOUNTING_ERROR,
-                non_retryable=True,
+                f"s3://{job.output_bucket}/{key} says so; this is a bug in s3batch, please report it."
             )
         return key
 
@@ -622,16 +604,10 @@ class _FileJob:
         self.where = f"s3://{req.bucket}/{req.obj.key}"
         self.log_extra = {"s3_key": req.obj.key}
         self.info = activity.info()
-        try:
-            self.handler = get_handler(req.handler)
-        except UnknownHandlerError as err:
-            raise ApplicationError(str(err.args[0]), type=UNKNOWN_HANDLER, non_retryable=True) from None
+        self.handler = get_handler(req.handler)
         # Only a registered handler's name becomes a metrics label.
         self.metrics = _Metrics(req.handler)
-        try:
-            self.fmt, self.gz = resolve_format(req.obj.key, req.format)
-        except UnknownFormatError as err:
-            raise ApplicationError(str(err), type=BAD_FILE, non_retryable=True) from None
+        self.fmt, self.gz = resolve_format(req.obj.key, req.format)
         self.fingerprint = layout.fingerprint(
             fmt=self.fmt,
             gzip=self.gz,
@@ -666,14 +642,12 @@ class _FileJob:
         longest = layout.longest_output_key(self.req.output_prefix, self.obj.key, max_chunks)
         size = len(longest.encode())
         if size > layout.MAX_KEY_BYTES:
-            raise ApplicationError(
+            raise OutputKeyTooLong(
                 f"the output keys of {self.where} would be up to {size} bytes, over S3's limit of "
                 f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(self.req.output_prefix.encode())} bytes, "
                 f"the source key: {len(layout.encode_key(self.obj.key).encode())} bytes as written, then "
                 f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
-                "Nothing was written for this file.",
-                type=OUTPUT_KEY_TOO_LONG,
-                non_retryable=True,
+                "Nothing was written for this file."
             )
 
     # ---------------------------------------------------------------- resume
@@ -801,13 +775,11 @@ class _FileJob:
                     problems.append(f"{rejects} is {'missing' if rejects not in listed else 'not of this version'}")
             previous_rejected = part_cp.rejected
         if problems:
-            raise ApplicationError(
+            raise AccountingError(
                 f"accounting error in the output of {self.where} under s3://{self.req.output_bucket}/{self.dir}: "
                 f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version). The output was changed "
                 "while the file was processed, or this is a bug in s3batch; process the file again "
-                "(a redrive) and report it if it repeats.",
-                type=ACCOUNTING_ERROR,
-                non_retryable=True,
+                "(a redrive) and report it if it repeats."
             )
         stale = sorted(name for name in listed if layout.output_index(name) is not None and name not in expected)
         if stale:
@@ -883,13 +855,11 @@ class _FileJob:
                 f"{cp.dropped} dropped = {cp.records_written + cp.rejected + cp.dropped}"
             )
 
-    def _accounting_error(self, what: str) -> ApplicationError:
-        return ApplicationError(
+    def _accounting_error(self, what: str) -> AccountingError:
+        return AccountingError(
             f"accounting error in {self.where} (handler {self.req.handler!r}): {what}. A handler returning "
             "HandlerResult(..., dropped=n) must account for every record it is given (outputs + rejects + "
-            "dropped); otherwise this is a bug in s3batch, please report it.",
-            type=ACCOUNTING_ERROR,
-            non_retryable=True,
+            "dropped); otherwise this is a bug in s3batch, please report it."
         )
 
     def _open(self, start: int, window: int = 16 * 1024 * 1024) -> io.BufferedReader:
@@ -916,10 +886,8 @@ class _FileJob:
             # A gzip stream cannot be entered mid-way: decompress and skip what is already written.
             skipped = sum(1 for _ in islice(records, cp.next_record))
             if skipped != cp.next_record:
-                raise ApplicationError(
-                    f"{self.where} has fewer records ({skipped}) than its checkpoint ({cp.next_record})",
-                    type=BAD_FILE,
-                    non_retryable=True,
+                raise BadFile(
+                    f"{self.where} has fewer records ({skipped}) than its checkpoint ({cp.next_record})"
                 )
             return records, parser
         offset = cp.byte_offset or 0
@@ -940,7 +908,7 @@ class _FileJob:
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise self._bad_gzip(err) from None
 
-    def _bad_gzip(self, err: Exception) -> ApplicationError:
+    def _bad_gzip(self, err: Exception) -> BadFile:
         """A corrupt or truncated ``.gz``: a bad file, not worth retrying. Never quotes its bytes."""
         at = self._source.position if self._source is not None else 0
         cp = self.checkpoint
@@ -953,11 +921,9 @@ class _FileJob:
             what = "is not gzip data (it does not start with the gzip signature 1f 8b)"
         else:
             what = f"is corrupt gzip ({str(err).split('(')[0].strip()})"
-        return ApplicationError(
+        return BadFile(
             f"{self.where} {what}, near compressed byte {at} ({records} records committed before). "
-            "Upload it again, or give it a name without '.gz' if it is not compressed; retrying cannot fix it.",
-            type=BAD_FILE,
-            non_retryable=True,
+            "Upload it again, or give it a name without '.gz' if it is not compressed; retrying cannot fix it."
         )
 
     def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
@@ -971,7 +937,7 @@ class _FileJob:
             try:
                 records, parser = self._records(cp, stack)
             except ValueError as err:  # an unreadable CSV header
-                raise ApplicationError(f"{self.where}: {err}", type=BAD_FILE, non_retryable=True) from None
+                raise BadFile(f"{self.where}: {err}") from None
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
             while True:
@@ -1031,11 +997,10 @@ class _FileJob:
             # The message reaches workflow history and the report: name the error, never its text,
             # which may quote record contents (pydantic errors are listed by field, without input).
             reason = describe_validation_error(err) if isinstance(err, ValidationError) else type(err).__name__
-            raise ApplicationError(
+            raise HandlerError(
                 f"handler {self.req.handler!r} raised {reason} on {self.where} lines "
                 f"{good[0].line}-{good[-1].line}; the whole chunk is retried. Reproduce it locally on "
-                "those lines to see the record.",
-                type="HandlerError",
+                "those lines to see the record."
             ) from None
         encoded = result.output if result.encoded else self._encoded(result.output, "returned a value")
         output.extend(encoded)
@@ -1055,10 +1020,8 @@ class _FileJob:
         except TypeError as err:
             text = str(err)
             reason = text if text.startswith(_JSON_TYPE_ERRORS) else type(err).__name__
-            raise ApplicationError(
-                f"handler {self.req.handler!r} {what} that is not JSON-serialisable for {self.where} ({reason})",
-                type=BAD_FILE,
-                non_retryable=True,
+            raise BadFile(
+                f"handler {self.req.handler!r} {what} that is not JSON-serialisable for {self.where} ({reason})"
             ) from None
 
     def _commit(
@@ -1194,9 +1157,4 @@ class _FileJob:
             activity.logger.info(
                 "worker shutting down: %s stops at record %d", self.where, cp.next_record, extra=self.log_extra
             )
-            raise ApplicationError(
-                f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}",
-                type=WORKER_SHUTDOWN,
-                category=ApplicationErrorCategory.BENIGN,
-                next_retry_delay=datetime.timedelta(milliseconds=100),
-            )
+            raise WorkerShutdown(f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}")

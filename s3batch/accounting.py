@@ -16,9 +16,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-ACCOUNTING_ERROR = "AccountingError"
-"""Error type of a job or file whose books do not add up (never retried: it is a bug to report)."""
-
 _MOD = 2**63
 
 

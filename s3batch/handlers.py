@@ -28,6 +28,7 @@ from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from s3batch.errors import UnknownHandler
 from s3batch.jsonvalues import encode_json
 from s3batch.models import describe_validation_error
 from s3batch.records import Record
@@ -59,10 +60,6 @@ ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
 """Takes the valid records of a chunk, returns outputs and rejects."""
 
 _REGISTRY: dict[str, ChunkHandler] = {}
-
-
-class UnknownHandlerError(KeyError):
-    pass
 
 
 def register(name: str, fn: ChunkHandler, *, replace: bool = False) -> None:
@@ -113,7 +110,7 @@ def get_handler(name: str) -> ChunkHandler:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise UnknownHandlerError(
+        raise UnknownHandler(
             f"no handler named {name!r} is registered on this worker (known: {known}); register it "
             "with @record_handler/@chunk_handler in a module listed in S3BATCH_HANDLER_MODULES"
         ) from None

@@ -48,6 +48,7 @@ from typing import IO, Any, Literal, NamedTuple
 
 import orjson
 
+from s3batch.errors import UnknownFormatError
 from s3batch.jsonvalues import MAX_DEPTH, inexact_positions, loads_exact, numbers_as_written
 
 ParsedFormat = Literal["csv", "jsonl"]
@@ -87,10 +88,6 @@ class Record(NamedTuple):
     """A ``{column: value}`` dict for CSV, any JSON value for JSONL; None when ``error`` is set."""
     error: str | None = None
     """Why the record could not be parsed, or None."""
-
-
-class UnknownFormatError(ValueError):
-    """The format is ``auto`` and the key's extension names no supported format."""
 
 
 def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:

@@ -24,39 +24,13 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
-from temporalio.exceptions import ApplicationError
 from urllib3.exceptions import ProtocolError
 
-from s3batch.accounting import ACCOUNTING_ERROR
 from s3batch.config import Settings
+from s3batch.errors import AccessDenied, InvalidInput, NotFound, S3Error, S3Refused, SourceChanged
 
 S3Client = Any
 """A boto3 S3 client (boto3 ships no static types for it)."""
-
-# Application error types the workflow and users can match on.
-SOURCE_CHANGED = "SourceChanged"
-NOT_FOUND = "NotFound"
-ACCESS_DENIED = "AccessDenied"
-UNKNOWN_HANDLER = "UnknownHandler"
-INVALID_INPUT = "InvalidInput"
-BAD_FILE = "BadFile"
-S3_ERROR = "S3Error"
-WORKER_SHUTDOWN = "WorkerShutdown"
-
-S3_REFUSED = "S3Refused"
-OUTPUT_KEY_TOO_LONG = "OutputKeyTooLong"
-
-NON_RETRYABLE_TYPES = [
-    SOURCE_CHANGED,
-    NOT_FOUND,
-    ACCESS_DENIED,
-    UNKNOWN_HANDLER,
-    INVALID_INPUT,
-    BAD_FILE,
-    S3_REFUSED,
-    OUTPUT_KEY_TOO_LONG,
-    ACCOUNTING_ERROR,
-]
 
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"}
 _DENIED_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
@@ -108,7 +82,7 @@ def is_missing_object(err: ClientError) -> bool:
 
 
 def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = None) -> NoReturn:
-    """Re-raise an S3 error as an ``ApplicationError`` that says what, where and what to do.
+    """Re-raise an S3 error as an s3batch error that says what, where and what to do.
 
     Missing objects or buckets, denied access and changed sources are not retryable: retrying
     cannot fix them. Everything else (throttling, 5xx, network) is left retryable.
@@ -117,37 +91,29 @@ def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = N
     if isinstance(err, ClientError):
         code = error_code(err)
         if code in _CHANGED_CODES:
-            raise ApplicationError(
+            raise SourceChanged(
                 f"{where} changed since it was listed (its ETag no longer matches); the output of this "
-                "file was not completed. Re-run the job to process the new version.",
-                type=SOURCE_CHANGED,
-                non_retryable=True,
+                "file was not completed. Re-run the job to process the new version."
             ) from None
         if code in _MISSING_CODES:
             what = "bucket" if code == "NoSuchBucket" or key is None else "object"
-            raise ApplicationError(
+            raise NotFound(
                 f"{action} {where}: the {what} does not exist ({code}). Check the bucket and key, "
-                "and that the endpoint and region are the right ones.",
-                type=NOT_FOUND,
-                non_retryable=True,
+                "and that the endpoint and region are the right ones."
             ) from None
         if code in _DENIED_CODES:
-            raise ApplicationError(
+            raise AccessDenied(
                 f"{action} {where}: access denied ({code}). Give the worker's credentials the "
-                "s3:GetObject/s3:ListBucket permissions on the source and s3:PutObject on the output.",
-                type=ACCESS_DENIED,
-                non_retryable=True,
+                "s3:GetObject/s3:ListBucket permissions on the source and s3:PutObject on the output."
             ) from None
         if code in _REFUSED_CODES:
-            raise ApplicationError(
+            raise S3Refused(
                 f"{action} {where}: the S3 server refused the request as invalid ({code}: {err}). "
-                "Check the bucket, prefix and key names.",
-                type=S3_REFUSED,
-                non_retryable=True,
+                "Check the bucket, prefix and key names."
             ) from None
-        raise ApplicationError(f"{action} {where} failed: {code}: {err}", type=S3_ERROR) from None
+        raise S3Error(f"{action} {where} failed: {code}: {err}") from None
     if isinstance(err, (BotoCoreError, *_STREAM_ERRORS)):
-        raise ApplicationError(f"{action} {where} failed: {err}", type=S3_ERROR) from None
+        raise S3Error(f"{action} {where} failed: {err}") from None
     raise err
 
 
@@ -303,10 +269,9 @@ def delete_keys(client: S3Client, bucket: str, keys: list[str]) -> None:
         errors = response.get("Errors") or []
         if errors:
             first = errors[0]
-            raise ApplicationError(
+            raise S3Error(
                 f"deleting s3://{bucket}/{first.get('Key')}: {first.get('Code')}: {first.get('Message')} "
-                f"({len(errors)} of {len(batch)} objects not deleted); the attempt is retried",
-                type=S3_ERROR,
+                f"({len(errors)} of {len(batch)} objects not deleted); the attempt is retried"
             )
 
 
@@ -367,11 +332,9 @@ def check_allowed(
     variables = " or ".join(_ALLOW_VARIABLES[k] for k in (kind, also) if k)
     globs = ", ".join(settings.allowed(kind) + (settings.allowed(also) if also else []))
     what = "read from" if kind == "sources" else "write to"
-    raise ApplicationError(
+    raise InvalidInput(
         f"this worker may not {what} s3://{bucket}/{prefix}: it is not matched by {variables} ({globs}). "
-        "Use a bucket and prefix the worker allows, or ask its operator to add them.",
-        type=INVALID_INPUT,
-        non_retryable=True,
+        "Use a bucket and prefix the worker allows, or ask its operator to add them."
     )
 
 
@@ -382,11 +345,9 @@ def check_ceilings(settings: Settings, chunk_records: int, max_record_bytes: int
         ("max_record_bytes", max_record_bytes, settings.max_record_bytes, "S3BATCH_MAX_RECORD_BYTES"),
     ):
         if value > ceiling:
-            raise ApplicationError(
+            raise InvalidInput(
                 f"{what} asks for {field}={value}, over this worker's ceiling of {ceiling} ({variable}); "
-                f"lower {field} in the job input to at most {ceiling}.",
-                type=INVALID_INPUT,
-                non_retryable=True,
+                f"lower {field} in the job input to at most {ceiling}."
             )
 
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from s3batch.errors import UnknownFormatError
 from s3batch.handlers import get_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.records import (
     CsvParser,
     JsonlParser,
     Record,
-    UnknownFormatError,
     make_parser,
     read_csv_header,
     resolve_format,

@@ -13,7 +13,8 @@ from s3batch.activities.s3_activities import S3Activities
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest, report_problems
+from s3batch.accounting import combine, key_digest, report_problems
+from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.models import FileResult, FinalReportInput, JobSpec, ReportSegmentInput, Totals
 from tests.helpers import report
 

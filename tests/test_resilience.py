@@ -14,8 +14,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
+from s3batch.errors import WORKER_SHUTDOWN
 from s3batch.models import S3BatchInput
-from s3batch.s3io import WORKER_SHUTDOWN
 from tests.helpers import committed_parts, csv_rows, make_csv, read_jsonl, report, wait_for
 from tests.procs import WorkerProcess
 

@@ -27,8 +27,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from s3batch.accounting import ACCOUNTING_ERROR, report_problems
+from s3batch.accounting import report_problems
 from s3batch.dev.stack import Stack
+from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.models import (
     FileResult,
     FinalReportInput,

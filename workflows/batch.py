@@ -34,7 +34,8 @@ with workflow.unsafe.imports_passed_through():
 
     from s3batch import layout
     from s3batch import search_attributes as sa
-    from s3batch.accounting import ACCOUNTING_ERROR, combine, key_digest
+    from s3batch.accounting import combine, key_digest
+    from s3batch.errors import ACCOUNTING_ERROR, INVALID_INPUT, NON_RETRYABLE_TYPES
     from s3batch.models import (
         FileResult,
         FinalReportInput,
@@ -51,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
         S3BatchResult,
         describe_validation_error,
     )
-    from s3batch.s3io import INVALID_INPUT, NON_RETRYABLE_TYPES
 
 _M = TypeVar("_M", bound=BaseModel)
 
