@@ -66,6 +66,7 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.common import RetryPolicy  # noqa: E402
 
 from s3batch.dev.sample_data import customer_row  # noqa: E402
+from s3batch.dev.workers import WorkerProcess  # noqa: E402
 
 SRC = "bench-src"
 OUT = "bench-out"
@@ -396,58 +397,10 @@ async def run_naive_worker(task_queue: str) -> None:
 # ------------------------------------------------------------------------------ processes, CPU
 
 
-class WorkerProc:
-    """A worker in a subprocess (``worker.py``, or this script's naive worker), with a log file."""
-
-    def __init__(self, run_dir: Path, name: str, task_queue: str, slots: int, *, naive: bool = False,
-                 env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.log_path = run_dir / f"worker-{name}.log"
-        full_env = {
-            **os.environ,
-            "S3BATCH_TASK_QUEUE": task_queue,
-            "S3BATCH_MAX_CONCURRENT_FILES": str(slots),
-            "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            **(env or {}),
-        }
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--naive-worker", task_queue] if naive else [
-            sys.executable, str(ROOT / "worker.py")]
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout: float = 60) -> WorkerProc:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if "worker polling" in self.log_path.read_text(errors="replace"):
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited:\n{self.log_path.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.05)
-        raise TimeoutError(f"worker {self.name} not ready after {timeout}s")
-
-    def peak_rss_mb(self) -> float | None:
-        """VmHWM (peak resident set) of the live process, in MB."""
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024 / MB
-        return None
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(25)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def peak_rss_mb(w: WorkerProcess) -> float | None:
+    """VmHWM (peak resident set) of a live worker, in MB."""
+    kib = w.peak_rss_kib()
+    return kib * 1024 / MB if kib is not None else None
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -632,10 +585,17 @@ class Bench:
     main_queue: str
     rows: list[Row] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
-    workers: list[WorkerProc] = field(default_factory=list)
+    workers: list[WorkerProcess] = field(default_factory=list)
 
-    def worker(self, name: str, task_queue: str, slots: int, **kwargs: Any) -> WorkerProc:
-        w = WorkerProc(self.run_dir, name, task_queue, slots, **kwargs)
+    def worker(self, name: str, task_queue: str, slots: int, *, naive: bool = False,
+               env: dict[str, str] | None = None) -> WorkerProcess:
+        """A worker process (s3batch's, or this script's naive design) with ``slots`` activity slots,
+        run from the checkout (so ``tests.slow_handlers`` can be loaded by name)."""
+        w = WorkerProcess(task_queue, self.run_dir, name, cwd=ROOT,
+                          script=Path(__file__).resolve() if naive else None,
+                          args=("--naive-worker", task_queue) if naive else (),
+                          env={"S3BATCH_MAX_CONCURRENT_FILES": str(slots), **(env or {})})
+        w.ready_timeout = 60
         self.workers.append(w)
         return w
 
@@ -797,10 +757,10 @@ async def case_memory(b: Bench) -> None:
             log(f"case 5: generated and uploaded {size / MB:,.0f} MB in {time.perf_counter() - t0:.1f}s")
         queue = f"bench-5-{mb}-{uuid.uuid4().hex[:6]}"
         w = b.worker(f"5-{mb}mb", queue, 1).wait_ready()
-        idle = w.peak_rss_mb()
+        idle = peak_rss_mb(w)
         r = await run_job(b.client, queue, prefix=f"mem{mb}/", out_prefix=f"5/{mb}/", chunk_records=z.chunk_records,
                           max_concurrent_files=1)
-        peak = w.peak_rss_mb()
+        peak = peak_rss_mb(w)
         w.stop()
         assert r["totals"]["records_written"] == rows, (r["totals"], rows)
         log(f"case 5: {size / MB:,.0f} MB file: peak RSS {peak:.0f} MB (idle {idle:.0f} MB), {r['seconds']:.1f}s")
@@ -1061,7 +1021,7 @@ async def bench(args: argparse.Namespace) -> int:
     log(f"starting the local stack under {run_dir}")
     stack.start()
     os.environ.update(stack.config.env())
-    workers: list[WorkerProc] = []
+    workers: list[WorkerProcess] = []
     results: dict[str, Any] = {}
     rows: list[Row] = []
     errors: dict[str, str] = {}
@@ -1129,7 +1089,7 @@ async def bench(args: argparse.Namespace) -> int:
     finally:
         for w in workers:
             with contextlib.suppress(Exception):
-                w.stop()
+                w.stop(25)
         stack.stop()
     info["loadavg_at_end"] = os.getloadavg()
     payload = write_json(partial=False)

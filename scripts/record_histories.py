@@ -1,7 +1,7 @@
 """Record workflow histories of an s3batch release into tests/histories/, for tests/test_replay.py.
 
 Starts a local stack of its own (random ports, state in a temporary directory), a worker of the
-chosen release (by default the previous release, built by ``tests.release``; ``--current`` records
+chosen release (by default the previous release, built by ``s3batch.dev.releases``; ``--current`` records
 the working tree), runs small real jobs that cover the workflow's code paths, and writes every run's
 history (``fetch_history().to_json()``) to ``tests/histories/<release>_<scenario>[_runN].json``.
 The servers and the worker are stopped when it ends.
@@ -34,20 +34,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from s3batch.dev.releases import PREVIOUS_RELEASE, ReleaseWorker, build_release
+from s3batch.dev.stack import ACCESS_KEY, SECRET_KEY, Stack, StackConfig, ensure_buckets, s3_client
+from s3batch.dev.workers import WorkerProcess
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-
-from s3batch.dev.stack import ACCESS_KEY, SECRET_KEY, Stack, StackConfig, ensure_buckets, s3_client  # noqa: E402
-from tests.procs import WorkerProcess  # noqa: E402
-from tests.release import PREVIOUS_RELEASE, ReleaseWorker, build_release  # noqa: E402
-
 HISTORIES = ROOT / "tests" / "histories"
 WORKFLOW = "S3BatchWorkflow"
 HANDLER_MODULES = "tests.slow_handlers,tests.fault_handlers"
+"""Loaded by the worker subprocess (from this checkout, or from the release's own files): the
+recorder itself imports nothing from tests/."""
 
 
 def csv_rows(rows: int, *, start: int = 0, marker: int | None = None) -> bytes:
@@ -288,7 +288,7 @@ async def record(args: argparse.Namespace, stack: Stack, tmp: Path) -> list[Path
     task_queue = f"record-{uuid.uuid4().hex[:8]}"
     env = {"S3BATCH_HANDLER_MODULES": HANDLER_MODULES, "S3BATCH_TEST_HANDLER_DELAY": "0.05"}
     if args.current:
-        worker: Any = WorkerProcess(task_queue, tmp, "current", **env)
+        worker: Any = WorkerProcess(task_queue, tmp, "current", cwd=ROOT, env=env)
     else:
         release = build_release(args.ref)
         print(f"release {args.ref} ({release.commit[:12]}) ready in {release.build_seconds:.1f}s")

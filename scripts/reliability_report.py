@@ -5,7 +5,7 @@
 
 Every fault test records one row (fault, records in and out, lost, duplicated, records processed
 more than once, time to recover, notes) into the file named by ``S3BATCH_RELIABILITY_FILE``
-(``tests.procs.record_reliability``). This script sets that variable, runs pytest in-process with a
+(``tests.helpers.workers.record_reliability``). This script sets that variable, runs pytest in-process with a
 small plugin that collects each test's outcome, and renders the rows as a Markdown table. Tests
 marked ``xfail`` (product bugs found by the suite, not yet fixed) are listed with their reasons.
 The exit status is pytest's.

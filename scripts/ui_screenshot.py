@@ -89,9 +89,9 @@ async def _main() -> None:
     from temporalio.client import Client
 
     from s3batch.dev.stack import Stack, StackConfig, ensure_buckets, s3_client
+    from s3batch.dev.workers import WorkerProcess
     from s3batch.models import S3BatchInput
     from s3batch.plugin import S3BatchPlugin
-    from tests.procs import WorkerProcess
 
     out_dir = ROOT / "docs"
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +104,13 @@ async def _main() -> None:
             ensure_buckets(s3, "incoming", "processed")
             rows = "".join(f"{i},customer-{i}@example.com,Name {i}\n" for i in range(60_000))
             s3.put_object(Bucket="incoming", Key="customers/2026-11-30.csv", Body=f"id,email,name\n{rows}".encode())
-            worker = WorkerProcess("s3-batch", Path(tmp), "ui", S3BATCH_TEST_HANDLER_DELAY="3.0")
+            worker = WorkerProcess(
+                "s3-batch",
+                Path(tmp),
+                "ui",
+                cwd=ROOT,
+                env={"S3BATCH_HANDLER_MODULES": "tests.slow_handlers", "S3BATCH_TEST_HANDLER_DELAY": "3.0"},
+            )
             worker.wait_ready()
             client = await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin()])
             job_id = f"import-{uuid.uuid4().hex[:6]}"

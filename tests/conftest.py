@@ -1,11 +1,13 @@
 """Fixtures: one real local stack (Temporal dev server + SeaweedFS) per test session, on free
-loopback ports; a fresh task queue and fresh buckets per test."""
+loopback ports; a fresh task queue and fresh buckets per test; an in-process worker; worker
+subprocesses (``workers``); the reliability row of a fault test (``reliability``). Helpers that are
+not fixtures are in ``tests/helpers/``."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -16,8 +18,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from s3batch.dev.stack import Stack, StackConfig, ensure_buckets, s3_client
+from s3batch.dev.workers import WorkerProcess
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
+from tests.helpers.workers import record_reliability, worker_process
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +85,36 @@ async def worker(client: Client, task_queue: str) -> AsyncIterator[Worker]:
     )
     async with w:
         yield w
+
+
+FAULT_SUITE_HANDLERS = "tests.slow_handlers,tests.fault_handlers"
+
+
+@pytest.fixture
+def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker subprocesses (``worker_process``) on this test's task queue, each awaited until
+    it polls, with the slow and fault test handlers; all are stopped at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str, **env: str) -> WorkerProcess:
+        proc = worker_process(task_queue, tmp_path, name, S3BATCH_HANDLER_MODULES=FAULT_SUITE_HANDLERS, **env)
+        started.append(proc)
+        proc.wait_ready()
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def reliability(request: pytest.FixtureRequest) -> Callable[..., None]:
+    """Record one row of the reliability table (docs/RELIABILITY.md) for this test: the fault and
+    what was observed (an ``output_check``'s ``in_order`` and ``exact`` flags are asserted, not listed)."""
+
+    def record(fault: str, **observed: Any) -> None:
+        observed.pop("in_order", None)
+        observed.pop("exact", None)
+        record_reliability({"fault": fault, "test": request.node.nodeid, **observed})
+
+    return record

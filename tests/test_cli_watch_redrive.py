@@ -31,7 +31,8 @@ from s3batch.dev.sample_data import customers_csv, upload_chunks
 from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.models import Checkpoint, Progress, S3BatchResult
 from s3batch.records import Record
-from tests.helpers import read_jsonl, run, wait_for
+from tests.helpers import run, wait_for
+from tests.helpers.output import read_jsonl
 
 SLOW_HANDLER = "slow_passthrough"
 

@@ -26,7 +26,9 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in
 from s3batch import layout
 from s3batch.dev.stack import Stack
 from s3batch.models import Progress, S3BatchInput, S3BatchResult
-from tests.helpers import has_part, make_csv, report, run, wait_for
+from tests.helpers import run, wait_for
+from tests.helpers.data import make_csv
+from tests.helpers.output import has_part, report
 
 HEARTBEAT_TIMEOUT = 20
 """Generous: the SDK sends a heartbeat every 0.8 x the timeout, so a 2 s timeout failed a file on a

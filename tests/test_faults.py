@@ -2,11 +2,11 @@
 
 Real worker processes are SIGKILLed, frozen and resumed; the Temporal dev server and the S3 server
 are stopped and restarted on their own data; S3 errors are injected by a fault proxy
-(``tests/faultproxy.py``) in front of the real S3 server. After each fault the output is checked
+(``tests/helpers/faultproxy.py``) in front of the real S3 server. After each fault the output is checked
 record by record: nothing lost, nothing doubled.
 
 Each test also records what it observed (records in and out, duplicates, records processed twice,
-time to recover) through ``tests.procs.record_reliability``; ``scripts/reliability_report.py`` runs
+time to recover) through the ``reliability`` fixture; ``scripts/reliability_report.py`` runs
 this suite and turns those rows into ``docs/RELIABILITY.md``.
 """
 
@@ -19,7 +19,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -38,46 +38,21 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-pro
 from s3batch import layout
 from s3batch.dev import stack as devstack
 from s3batch.dev.stack import Stack
+from s3batch.dev.workers import WorkerProcess
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.fault_handlers import handled_records
-from tests.faultproxy import FaultProxy, Rule
-from tests.helpers import (
-    assert_invalid_input,
-    committed_parts,
-    csv_rows,
-    history_events,
-    make_csv,
-    read_jsonl,
-    report,
-    scheduled_activities,
-    wait_for,
-)
-from tests.procs import WorkerProcess, pause, record_reliability, unpause
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_exact, assert_invalid_input, output_check
+from tests.helpers.data import csv_rows, make_csv
+from tests.helpers.faultproxy import FaultProxy, Rule
+from tests.helpers.history import history_events, scheduled_activities
+from tests.helpers.output import committed_parts, read_jsonl, report
 
 pytestmark = pytest.mark.slow
 
-HANDLER_MODULES = "tests.slow_handlers,tests.fault_handlers"
-
-
 # ------------------------------------------------------------------------------------ helpers
-
-
-@pytest.fixture
-def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ``worker.py`` subprocesses on this test's task queue; all are killed at the end."""
-    started: list[WorkerProcess] = []
-
-    def start(name: str, **env: str) -> WorkerProcess:
-        proc = WorkerProcess(task_queue, tmp_path, name, S3BATCH_HANDLER_MODULES=HANDLER_MODULES, **env)
-        started.append(proc)
-        proc.wait_ready()
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
 
 
 @contextlib.asynccontextmanager
@@ -92,42 +67,6 @@ async def proxied_worker(stack: Stack, proxy: FaultProxy, task_queue: str, **con
         client, task_queue=task_queue, max_concurrent_activities=8, activity_executor=ThreadPoolExecutor(8)
     ):
         yield
-
-
-@pytest.fixture
-def reliability(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """Record one row of the reliability table for this test."""
-
-    def record(fault: str, **observed: Any) -> None:
-        observed.pop("in_order", None)
-        observed.pop("exact", None)
-        record_reliability({"fault": fault, "test": request.node.nodeid, **observed})
-
-    return record
-
-
-def output_check(s3: Any, bucket: str, file_prefix: str, rows: int, pad: int = 0) -> dict[str, int]:
-    """Compare a file's output with the records of ``make_csv(rows, pad)``: lost and doubled records
-    (by the ``id`` column), order, and the exact contents."""
-    records = read_jsonl(s3, bucket, file_prefix)
-    ids = [int(r["id"]) for r in records]
-    distinct = set(ids)
-    return {
-        "records_in": rows,
-        "records_out": len(ids),
-        "duplicates": len(ids) - len(distinct),
-        "lost": len(set(range(rows)) - distinct),
-        "in_order": ids == list(range(rows)),
-        "exact": records == csv_rows(rows, pad),
-    }
-
-
-def assert_exact(check: dict[str, int]) -> None:
-    assert check["lost"] == 0, f"{check['lost']} records lost"
-    assert check["duplicates"] == 0, f"{check['duplicates']} records doubled"
-    assert check["in_order"], "records out of order"
-    assert check["records_out"] == check["records_in"]
-    assert check["exact"], "output records differ from the source records"
 
 
 def job(src: str, out: str, **options: Any) -> S3BatchInput:
@@ -561,7 +500,7 @@ async def test_frozen_worker_resumed_after_takeover_cannot_change_the_output(
             "zombie",
         )
         await wait_for(lambda: parts_count(s3, out, "o/big.csv/") >= 3, 60, "3 committed parts")
-        pause(zombie)
+        zombie.pause()
         frozen = time.monotonic()
         frozen_at = committed_parts(s3, out, "o/big.csv/")[-1].chunk
         try:
@@ -572,7 +511,7 @@ async def test_frozen_worker_resumed_after_takeover_cannot_change_the_output(
             before = snapshot(s3, out, "o/big.csv/")
             resumed = time.time()
         finally:
-            unpause(zombie)
+            zombie.unpause()
         # The zombie finishes the chunk it was frozen in and writes its part, then learns from its
         # next heartbeat that its attempt is gone and is cancelled at its next chunk boundary.
         await wait_for(

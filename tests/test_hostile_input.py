@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +18,13 @@ from temporalio.worker import Worker
 
 import tests.fault_handlers  # noqa: F401 - registers the test handlers for the in-process worker
 from s3batch import layout
+from s3batch.dev.workers import memory_kib
 from s3batch.models import S3BatchInput
-from tests.helpers import assert_invalid_input, read_jsonl, report
-from tests.procs import WorkerProcess, memory_kib, record_reliability
+from tests.helpers.assertions import assert_invalid_input
+from tests.helpers.output import read_jsonl, report
+from tests.helpers.workers import worker_process
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def reliability(request: pytest.FixtureRequest) -> Callable[..., None]:
-    def record(fault: str, **observed: Any) -> None:
-        record_reliability({"fault": fault, "test": request.node.nodeid, **observed})
-
-    return record
 
 
 async def run(client: Client, task_queue: str, spec: S3BatchInput) -> dict[str, Any]:
@@ -218,7 +211,7 @@ async def test_50_mb_single_line_is_a_reject_and_memory_stays_bounded(
         Body=b'id,note\n0,a\n1,"' + blob[: size // 2] + b",\n" + blob[: size // 2] + b'"\n2,c\n',
     )
     del blob
-    proc = WorkerProcess(task_queue, tmp_path, "mem")
+    proc = worker_process(task_queue, tmp_path, "mem")
     try:
         proc.wait_ready()
         await asyncio.sleep(1)

@@ -14,7 +14,7 @@ from temporalio.client import Client
 from s3batch.dev.stack import SECRET_KEY, free_port_block
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
-from tests.procs import WorkerProcess
+from tests.helpers.workers import worker_process
 
 MARKER = "Zq9-record-content-marker"
 
@@ -30,7 +30,7 @@ async def test_metrics_and_json_logs(
     rows = [f'{{"id": {i}, "note": "{MARKER}"}}' for i in range(2_500)] + ["{broken " + MARKER]
     s3.put_object(Bucket=src, Key="logs/a.jsonl", Body=("\n".join(rows) + "\n").encode())
     port = free_port_block([0])
-    worker = WorkerProcess(
+    worker = worker_process(
         task_queue,
         tmp_path,
         "metrics",
@@ -73,7 +73,7 @@ async def test_jobs_started_without_search_attributes_are_indexed_by_a_registeri
 ) -> None:
     src, out = buckets
     s3.put_object(Bucket=src, Key="sa/a.jsonl", Body=b'{"a": 1}\n')
-    worker = WorkerProcess(task_queue, tmp_path, "sa")  # worker.py registers the attributes at start
+    worker = worker_process(task_queue, tmp_path, "sa")  # worker.py registers the attributes at start
     try:
         worker.wait_ready()
         job_id = f"sa-{uuid.uuid4().hex[:8]}"

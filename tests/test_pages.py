@@ -15,7 +15,8 @@ from temporalio.worker import Worker
 
 from s3batch import layout
 from s3batch.models import S3BatchInput, S3BatchResult
-from tests.helpers import history_events, report, scheduled_activities
+from tests.helpers.history import history_events, scheduled_activities
+from tests.helpers.output import report
 
 
 def body(i: int) -> bytes:

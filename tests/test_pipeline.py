@@ -13,9 +13,7 @@ from temporalio.worker import Worker
 
 import tests.fault_handlers as fault_handlers
 from s3batch.models import S3BatchInput, S3BatchResult
-from tests.helpers import read_jsonl, report
-
-__all__ = ["read_jsonl"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
+from tests.helpers.output import read_jsonl, report
 
 
 async def run_job(client: Client, task_queue: str, job: S3BatchInput) -> S3BatchResult:

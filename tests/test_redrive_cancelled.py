@@ -24,8 +24,9 @@ from s3batch import layout
 from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.records import Record
-from tests.helpers import report, run, wait_for
-from tests.procs import record_reliability
+from tests.helpers import run, wait_for
+from tests.helpers.output import report
+from tests.helpers.workers import record_reliability
 
 N = 520
 GATE = {"delay": 0.0}

@@ -16,7 +16,7 @@ from temporalio.testing import ActivityEnvironment
 from s3batch.accounting import combine, key_digest, report_problems
 from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.models import FileResult, FinalReportInput, JobSpec, ReportSegmentInput, Totals
-from tests.helpers import report
+from tests.helpers.output import report
 
 
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)

@@ -14,22 +14,16 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
+from s3batch.dev.workers import WorkerProcess
 from s3batch.errors import WORKER_SHUTDOWN
 from s3batch.models import S3BatchInput
-from tests.helpers import committed_parts, csv_rows, make_csv, read_jsonl, report, wait_for
-from tests.procs import WorkerProcess
-
-__all__ = ["report"]  # imported from here by tests/test_hostile_input.py (tests.helpers is its home)
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_exactly_once
+from tests.helpers.data import make_csv
+from tests.helpers.output import committed_parts, report
+from tests.helpers.workers import worker_process
 
 pytestmark = pytest.mark.slow
-
-
-def assert_exactly_once(s3: Any, bucket: str, file_prefix: str, rows: int) -> None:
-    records = read_jsonl(s3, bucket, file_prefix)
-    ids = [int(r["id"]) for r in records]
-    assert len(ids) == rows, f"{len(ids)} records in the output, expected {rows}"
-    assert ids == list(range(rows)), "records lost, duplicated or out of order"
-    assert records == csv_rows(rows), "output records differ from the source records"
 
 
 async def test_sigkill_mid_file_resumes_from_last_committed_chunk(
@@ -38,7 +32,7 @@ async def test_sigkill_mid_file_resumes_from_last_committed_chunk(
     src, out = buckets
     rows, chunk = 40_000, 1_000
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
-    first = WorkerProcess(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -62,7 +56,7 @@ async def test_sigkill_mid_file_resumes_from_last_committed_chunk(
         committed_records = at_kill[-1].next_record
         assert 0 < committed_records < rows, "the kill must land mid-file"
 
-        second = WorkerProcess(task_queue, tmp_path, "b")
+        second = worker_process(task_queue, tmp_path, "b")
         second.wait_ready()
         result = await handle.result()
         assert result.status == "succeeded"
@@ -89,7 +83,7 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
     src, out = buckets
     rows, chunk = 40_000, 1_000
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
-    first = WorkerProcess(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -107,7 +101,7 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
             task_queue=task_queue,
         )
         await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4, 60, "4 committed parts")
-        second = WorkerProcess(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.1")
+        second = worker_process(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.1")
         second.wait_ready()
         first.proc.send_signal(15)
 
@@ -141,7 +135,7 @@ async def test_workflow_worker_killed_mid_job_is_replayed_elsewhere(
     files = 6
     for i in range(files):
         s3.put_object(Bucket=src, Key=f"f{i}.csv", Body=make_csv(3_000))
-    first = WorkerProcess(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -167,7 +161,7 @@ async def test_workflow_worker_killed_mid_job_is_replayed_elsewhere(
 
         await wait_for(some_done, 120, "2 files succeeded", interval=0.1)
         first.kill()
-        second = WorkerProcess(task_queue, tmp_path, "b")
+        second = worker_process(task_queue, tmp_path, "b")
         second.wait_ready()
         result = await handle.result()
     finally:

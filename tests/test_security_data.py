@@ -40,7 +40,8 @@ from s3batch.models import (
 )
 from s3batch.records import Record
 from s3batch.s3io import make_client
-from tests.helpers import committed_parts, history_events, read_jsonl, report
+from tests.helpers.history import history_events
+from tests.helpers.output import committed_parts, read_jsonl, report
 
 MARKER = "SECRET-7d1f"
 """Placed in record values, in keys of dict fields and in a validator's message: it must never reach

@@ -26,8 +26,10 @@ from s3batch.logs import TextFormatter, printable
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
-from tests.helpers import assert_invalid_input, history_events, run, wait_for
-from tests.procs import WorkerProcess
+from tests.helpers import run, wait_for
+from tests.helpers.assertions import assert_invalid_input
+from tests.helpers.history import history_events
+from tests.helpers.workers import worker_process
 
 KEY = os.urandom(32)
 KEY_B64 = base64.b64encode(KEY).decode()
@@ -306,7 +308,7 @@ async def test_a_worker_logs_a_hostile_key_on_one_escaped_line(
     src, out = buckets
     key = "logs/evil\nFAKE 2026-01-01 ERROR forged line\x1b[2J.jsonl"
     s3.put_object(Bucket=src, Key=key, Body=b'{"a": 1}\n')
-    worker = WorkerProcess(task_queue, tmp_path, "hostile-log", S3BATCH_LOG_FORMAT="text")
+    worker = worker_process(task_queue, tmp_path, "hostile-log", S3BATCH_LOG_FORMAT="text")
     try:
         worker.wait_ready()
         await client.execute_workflow(

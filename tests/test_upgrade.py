@@ -3,7 +3,7 @@ continue-as-new, get SIGTERM mid-job (as a deploy sends it), and workers of the 
 over. The job must finish exactly once: every key once in the report, every output exactly its
 records, no workflow task failure, and no committed chunk processed again.
 
-The previous release is built from git by ``tests.release`` (its own virtual environment, cached
+The previous release is built from git by ``s3batch.dev.releases`` (its own virtual environment, cached
 under ``.stack/releases/``); the test is skipped only when git or the release's tag is missing.
 """
 
@@ -25,10 +25,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
+from s3batch.dev.releases import PREVIOUS_RELEASE, Release, ReleaseUnavailable, ReleaseWorker, build_release
 from s3batch.dev.stack import Stack
 from tests.fault_handlers import handled_records
-from tests.procs import WorkerProcess
-from tests.release import PREVIOUS_RELEASE, Release, ReleaseUnavailable, ReleaseWorker, build_release
+from tests.helpers.workers import worker_process
 
 pytestmark = pytest.mark.slow
 
@@ -219,7 +219,7 @@ async def test_previous_release_workers_hand_a_running_job_to_current_workers(
     # next chunk boundary), the new ones start.
     for w in old:
         w.proc.send_signal(signal.SIGTERM)
-    new = [WorkerProcess(task_queue, tmp_path, f"new-{n}", **env) for n in "ab"]
+    new = [worker_process(task_queue, tmp_path, f"new-{n}", **env) for n in "ab"]
     processes.extend(new)
     for w in old:
         code = w.proc.wait(60)

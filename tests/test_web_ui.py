@@ -20,8 +20,9 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a c
 from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from scripts.ui_screenshot import capture, chromium
-from tests.helpers import make_csv, run, wait_for
-from tests.procs import WorkerProcess
+from tests.helpers import run, wait_for
+from tests.helpers.data import make_csv
+from tests.helpers.workers import worker_process
 
 
 async def details(handle: WorkflowHandle[Any, Any]) -> str:
@@ -112,7 +113,7 @@ async def test_running_job_page_shows_file_and_progress(
     key = f"ui/customers-{uuid.uuid4().hex[:6]}.csv"
     rows = "".join(f"{i},name {i}\n" for i in range(20_000))
     s3.put_object(Bucket=src, Key=key, Body=f"id,name\n{rows}".encode())
-    worker = WorkerProcess(task_queue, tmp_path, "ui", S3BATCH_TEST_HANDLER_DELAY="2.0")
+    worker = worker_process(task_queue, tmp_path, "ui", S3BATCH_TEST_HANDLER_DELAY="2.0")
     try:
         worker.wait_ready()
         wid = f"ui-{uuid.uuid4().hex[:8]}"

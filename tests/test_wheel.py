@@ -20,7 +20,8 @@ from temporalio.client import Client
 import s3batch
 from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput, S3BatchResult
-from tests.helpers import read_jsonl, wait_for
+from tests.helpers import wait_for
+from tests.helpers.output import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 

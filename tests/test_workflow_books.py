@@ -42,8 +42,8 @@ from s3batch.models import (
     ProcessGroupInput,
     ReportSegmentInput,
 )
-from tests.helpers import history_events
-from tests.procs import record_reliability
+from tests.helpers.history import history_events
+from tests.helpers.workers import record_reliability
 
 SMALL = 100
 """Size of a stub object that is grouped (the jobs below group objects under 1,000 bytes)."""

