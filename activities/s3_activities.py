@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import gzip
 import io
-import json
 import os
 import time
 import zlib
@@ -19,7 +17,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
-import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 from s3batch.activities.boundary import boundary, unexpected
@@ -28,13 +25,11 @@ from temporalio.exceptions import CancelledError
 
 from s3batch import layout
 from s3batch import search_attributes as sa
-from s3batch.accounting import combine, key_digest, report_problems
 from s3batch.config import Settings
 from s3batch.errors import (
     AccountingError,
     BadFile,
     HandlerError,
-    InvalidInput,
     OutputKeyTooLong,
     S3BatchError,
     WorkerShutdown,
@@ -42,7 +37,6 @@ from s3batch.errors import (
 from s3batch.handlers import HandlerResult, Reject, get_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.models import (
-    REDRIVE_STATUSES,
     Checkpoint,
     FileResult,
     FinalReportInput,
@@ -57,6 +51,15 @@ from s3batch.models import (
     describe_validation_error,
 )
 from s3batch.records import Record, make_parser, read_csv_header, resolve_format
+from s3batch.report import (
+    JobReport,
+    assemble_report,
+    books_error,
+    read_report,
+    read_segment,
+    redrive_plan,
+    segment_body,
+)
 from s3batch.s3io import (
     S3Client,
     check_allowed,
@@ -101,19 +104,6 @@ def _any_object(s3: S3Client, bucket: str, prefix: str) -> bool:
     except (ClientError, BotoCoreError) as err:
         raise_s3_error(err, "listing", bucket, prefix)
     return bool(listed.get("KeyCount") or listed.get("Contents"))
-
-
-def _redrive_plan(report: dict[str, Any], prefix: str) -> tuple[list[str], str | None]:
-    """What a redrive of ``report`` processes: the keys of its failed, cancelled and never-started
-    files under ``prefix``, and where the rest of its listing starts (None when its listing ended,
-    ``""`` when it never listed a page)."""
-    keys = [
-        f["key"] for f in report["files"] if f.get("status") in REDRIVE_STATUSES and str(f["key"]).startswith(prefix)
-    ]
-    listing = report.get("listing") or {}
-    if listing.get("done", True):
-        return keys, None
-    return keys, listing.get("continuation_token") or ""
 
 
 def _strip_etag(etag: str) -> str:
@@ -308,19 +298,9 @@ class S3Activities:
         check_allowed(self.settings, "outputs", bucket, key, also="sources")
         return bucket, key
 
-    def _read_report(self, uri: str) -> dict[str, Any]:
+    def _read_report(self, uri: str) -> JobReport:
         bucket, key = self._report_location(uri)
-        try:
-            body = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "reading the job report to redrive", bucket, key)
-        try:
-            report = json.loads(body)
-        except ValueError:
-            report = None
-        if not isinstance(report, dict) or not isinstance(report.get("files"), list):
-            raise InvalidInput(f"{uri} is not an s3batch job report (no 'files' list)")
-        return report
+        return read_report(self.s3, bucket, key, action="reading the job report to redrive")
 
     def _list_failed(self, req: ListObjectsInput) -> ListObjectsResult:
         """A page of the files to redrive from an earlier job's report, pinned to their current version:
@@ -332,7 +312,7 @@ class S3Activities:
         """
         assert req.report is not None
         report = self._read_report(req.report)
-        keys, rest = _redrive_plan(report, req.prefix)
+        keys, rest = redrive_plan(report, req.prefix)
         token = req.continuation_token or "0"
         if token.startswith("s3:"):
             page = self._list_page(req.bucket, req.prefix, req.page_size, token[3:] or None)
@@ -491,8 +471,7 @@ class S3Activities:
         """Flush the per-file results of one workflow run (before continue-as-new)."""
         check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
         key = layout.segment_key(req.output_prefix, req.segment)
-        body = b"".join(orjson.dumps(f.model_dump(mode="json")) + b"\n" for f in req.files)
-        self._put(req.output_bucket, key, body, "application/x-ndjson")
+        self._put(req.output_bucket, key, segment_body(req.files), "application/x-ndjson")
         return key
 
     @activity.defn(name="s3batch.write_report")
@@ -501,60 +480,18 @@ class S3Activities:
         """Write ``{output_prefix}_report.json``: every file of the job and the totals."""
         job = req.job
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
-        files: list[Any] = []
+        files: list[dict[str, Any]] = []
         for segment in range(req.segments):
-            key = layout.segment_key(job.output_prefix, segment)
-            try:
-                body = self.s3.get_object(Bucket=job.output_bucket, Key=key)["Body"].read()
-            except (ClientError, BotoCoreError) as err:
-                raise_s3_error(err, "reading report segment", job.output_bucket, key)
-            files.extend(orjson.loads(line) for line in body.splitlines() if line)
-        files.extend(f.model_dump(mode="json") for f in req.files)
-        totals = req.totals.model_dump(mode="json")
-        digest = req.listed_digest
-        listing: dict[str, Any] = {
-            "done": req.listing_done,
-            "continuation_token": req.continuation_token,
-            "last_listed_key": req.last_listed_key,
-        }
+            files.extend(read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment)))
+        redriven = None
         if not req.listing_done and job.only_failed_of:
-            # A redrive cancelled before it listed all it had to redrive: the rest of the redriven
-            # report becomes this report's never-started files, and its listing goes on where that
-            # report's did, so a redrive of this job picks up exactly what is left.
-            keys, rest = _redrive_plan(self._read_report(job.only_failed_of), job.prefix)
-            token = req.continuation_token or "0"
-            if token.startswith("s3:"):
-                unlisted, rest = [], token[3:]
-            else:
-                unlisted = keys[int(token) :]
-            files.extend(FileResult.not_started(key).model_dump(mode="json") for key in unlisted)
-            totals["files_listed"] += len(unlisted)
-            totals["files_not_started"] += len(unlisted)
-            if digest is not None:
-                digest = combine(digest, key_digest(unlisted))
-            listing = {"done": rest is None, "continuation_token": rest, "last_listed_key": req.last_listed_key}
-        problems = report_problems(files, totals, digest)
-        report = {
-            "job_id": req.job_id,
-            "status": req.status,
-            "finished_at": datetime.datetime.now(datetime.UTC).isoformat(),
-            "source": f"s3://{job.bucket}/{job.prefix}",
-            "output": f"s3://{job.output_bucket}/{job.output_prefix}",
-            "input": job.model_dump(mode="json"),
-            "totals": totals,
-            "listing": listing,
-            "files": files,
-        }
-        if problems:
-            report["status"] = "failed"
-            report["accounting_errors"] = problems
+            redriven = self._read_report(job.only_failed_of)
+        report = assemble_report(req, files, redriven)
         key = layout.report_key(job.output_prefix)
-        self._put(job.output_bucket, key, json.dumps(report, indent=1).encode(), "application/json")
-        if problems:
-            raise AccountingError(
-                f"accounting error: the job's books do not add up: {'; '.join(problems)}. The report at "
-                f"s3://{job.output_bucket}/{key} says so; this is a bug in s3batch, please report it."
-            )
+        self._put(job.output_bucket, key, report.to_json(), "application/json")
+        error = books_error(report, job.output_bucket, key)
+        if error is not None:
+            raise error
         return key
 
     def _put(self, bucket: str, key: str, body: bytes, content_type: str) -> None:
