@@ -236,12 +236,6 @@ def _printable(value: bytes) -> str:
     return repr(value[:40].decode("ascii", "replace"))
 
 
-def codec_from_env() -> EncryptionCodec | None:
-    """The codec the environment configures (keyring and strict mode), or None without a key."""
-    keys = keys_from_env()
-    return EncryptionCodec(keys, strict=not allow_plaintext_from_env()) if keys else None
-
-
 # ---------------------------------------------------------------------------------------- codec server
 
 
@@ -495,7 +489,11 @@ def main(argv: list[str] | None = None) -> None:
         print(base64.b64encode(os.urandom(32)).decode())  # noqa: T201
         return
     try:
-        codec = codec_from_env()
+        from s3batch.config import Settings  # the one reader of the environment's settings
+
+        settings = Settings()
+        keys = settings.keyring()
+        codec = EncryptionCodec(keys, strict=not settings.allow_plaintext()) if keys else None
         if codec is None:
             parser.exit(2, f"set {_KEY_HELP}\n")
         if args.command == "key-ids":

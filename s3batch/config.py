@@ -12,7 +12,7 @@ import importlib
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -64,6 +64,52 @@ class Settings(BaseSettings):
     (reprocessed). Empty: checkpoints are trusted as read (anyone who can write the output prefix
     can forge them). The same on every worker."""
 
+    heartbeat_throttle_seconds: float | None = Field(None, gt=0)
+    """Longest gap between two heartbeats of a running file reaching the server: how soon a
+    cancellation and fresh progress reach it (unset: ``S3BatchPlugin``'s default, 2 s)."""
+
+    # Payload encryption (s3batch.codec): set at most one of the three key variables.
+    encryption_key: SecretStr = SecretStr("")
+    """One key: base64 of 32 random bytes (``python -m s3batch.codec new-key``)."""
+    encryption_keys: SecretStr = SecretStr("")
+    """A keyring: keys separated by commas or white space, the first one current."""
+    encryption_key_file: str = ""
+    """A file with one key per line (``#`` comments and blank lines ignored), e.g. a mounted secret."""
+    encryption_allow_plaintext: str = ""
+    """``true``: with a key, accept payloads that are not encrypted (while older jobs still run)."""
+
+    @classmethod
+    def explicit(cls, **values: Any) -> Settings:
+        """These values and the defaults, validated, without reading the environment."""
+        return _ExplicitSettings(**values)
+
+    def keyring(self) -> list[bytes]:
+        """The encryption keyring (first = current key), ``[]`` without encryption.
+
+        Raises:
+            KeyringError: A key is malformed, the key file cannot be read, or more than one of the
+                key variables is set; the message names the variable.
+        """
+        from s3batch.codec import KEY_ENV, KEY_FILE_ENV, KEYS_ENV, keys_from_env
+
+        return keys_from_env(
+            {
+                KEY_ENV: self.encryption_key.get_secret_value(),
+                KEYS_ENV: self.encryption_keys.get_secret_value(),
+                KEY_FILE_ENV: self.encryption_key_file,
+            }
+        )
+
+    def allow_plaintext(self) -> bool:
+        """``S3BATCH_ENCRYPTION_ALLOW_PLAINTEXT`` as a boolean.
+
+        Raises:
+            KeyringError: The value is neither true nor false.
+        """
+        from s3batch.codec import ALLOW_PLAINTEXT_ENV, allow_plaintext_from_env
+
+        return allow_plaintext_from_env({ALLOW_PLAINTEXT_ENV: self.encryption_allow_plaintext})
+
     @model_validator(mode="after")
     def _kms_key_needs_kms(self) -> Settings:
         if self.output_kms_key_id and self.output_sse != "aws:kms":
@@ -78,6 +124,21 @@ class Settings(BaseSettings):
     def import_handler_modules(self) -> None:
         for name in filter(None, (m.strip() for m in self.handler_modules.split(","))):
             importlib.import_module(name)
+
+
+class _ExplicitSettings(Settings):
+    """:class:`Settings` from the given values and the defaults only (``Settings.explicit``)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def connect_config() -> dict[str, Any]:

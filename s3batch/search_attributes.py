@@ -111,7 +111,8 @@ async def ensure_registered(client: Client) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """``python -m s3batch.search_attributes query bucket/prefix``: print the query clause that
     selects the jobs of a source, with the keys of the environment (``S3BATCH_ENCRYPTION_KEY`` ...)."""
-    from s3batch.codec import KeyringError, keys_from_env
+    from s3batch.codec import KeyringError
+    from s3batch.config import Settings
 
     parser = argparse.ArgumentParser(prog="python -m s3batch.search_attributes")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not bucket or not slash:
         parser.error("give the source as BUCKET/PREFIX (e.g. incoming/customers/, or incoming/ for a whole bucket)")
     try:
-        keys = keys_from_env()
+        keys = Settings().keyring()
     except KeyringError as err:
         parser.error(f"the encryption settings are not usable: {err}")
     sys.stdout.write(source_query(bucket, prefix, keys) + "\n")

@@ -1,6 +1,7 @@
 """The s3batch worker: runs ``S3BatchWorkflow`` and its activities until SIGTERM/SIGINT.
 
-Configuration comes from the environment (see ``s3batch.config``). On SIGTERM (a deploy,
+Configuration comes from the environment, read once by :class:`~s3batch.config.Settings`; the
+worker itself is :class:`~s3batch.plugin.S3BatchPlugin` on a ``temporalio`` worker. On SIGTERM (a deploy,
 ``docker stop``) the worker stops polling at once; files in flight stop at their next chunk boundary,
 checkpoint, and continue on another worker about a second later.
 """
@@ -18,12 +19,10 @@ from datetime import timedelta
 from temporalio.worker import Worker
 
 from s3batch import logs
-from s3batch.codec import KeyringError, allow_plaintext_from_env, keys_from_env
+from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
-from s3batch.s3io import make_client
-from s3batch.search_attributes import ensure_registered
 
 log = logging.getLogger("s3batch.worker")
 
@@ -55,15 +54,16 @@ def placeholder_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
-    """Connect, run the worker until ``stop`` is set, then shut down gracefully."""
+    """Connect, run the worker until ``stop`` is set, then shut down gracefully.
+
+    Everything s3batch needs on a worker (workflow, activities, data converter and codec, thread
+    pool, heartbeat throttle, search attributes) comes from :class:`S3BatchPlugin`; this runner adds
+    the process around it: settings, metrics, the health file and the drain on SIGTERM.
+    """
     settings.import_handler_modules()
-    # One S3 client for all activity threads, with a connection per slot.
-    plugin = S3BatchPlugin(make_client(max_pool_connections=settings.max_concurrent_files + 4))
+    plugin = S3BatchPlugin.from_settings(settings)
     runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
     client = await connect([plugin], runtime)
-    # Where the server allows it, register s3batch's search attributes so jobs can be filtered in
-    # the Web UI; the workflow upserts them only when they exist.
-    plugin.s3_activities.search_attributes_registered = await ensure_registered(client)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -100,8 +100,8 @@ def main() -> None:
         )
     try:
         # Read the keyring before anything connects: a bad key stops the worker with one clear line.
-        keys_from_env()
-        allow_plaintext_from_env()
+        settings.keyring()
+        settings.allow_plaintext()
     except KeyringError as err:
         sys.exit(f"s3batch-worker: the encryption settings are not usable: {err}")
     logs.configure(settings.log_level, settings.log_format)

@@ -54,7 +54,7 @@ def main() -> int:
     workflow_id = f"demo-{run}"
 
     async def start() -> str:
-        client = await connect([S3BatchPlugin()])
+        client = await connect([S3BatchPlugin.from_settings(settings)])
         handle = await client.start_workflow(S3BatchWorkflow.run, job, id=workflow_id, task_queue=settings.task_queue)
         return f"{ui_base(settings)}/namespaces/{client.namespace}/workflows/{handle.id}/{handle.result_run_id}/history"
 
