@@ -4,37 +4,37 @@
 #   docker run --env-file worker.env s3batch-worker
 #
 # Configuration is the environment only (TEMPORAL_*, AWS_*, S3BATCH_*): see docs/DEPLOY.md.
+#
+# BASE_IMAGE: any Debian-based image with Python 3.11 as `python3` (the default, pinned; or a base
+# built from Debian packages, as `make test-container` does where no registry can be reached).
+# PIP_INDEX_URL (optional): the package index the build installs from, when not the default one.
+# Few layers on purpose: every layer is a full copy on storage drivers such as vfs.
+ARG BASE_IMAGE=python:3.11.15-slim-bookworm
 
 # ---------------------------------------------------------------------------- build stage
-FROM python:3.11.15-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
+ARG PIP_INDEX_URL
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
-
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
-
-WORKDIR /src
+    PYTHONDONTWRITEBYTECODE=1 \
+    PATH=/opt/venv/bin:$PATH
 
 # Dependencies first, from the hashed lock of pyproject.toml's pins (requirements.lock, made by
 # pip-compile --generate-hashes): this layer is rebuilt only when the dependencies change, and every
 # file pip installs must match its hash.
-COPY pyproject.toml ./
-COPY requirements.lock ./
-RUN pip install --no-cache-dir -r requirements.lock --require-hashes --no-deps
+COPY pyproject.toml requirements.lock /src/
+RUN python3 -m venv /opt/venv \
+    && pip install --no-cache-dir -r /src/requirements.lock --require-hashes --no-deps
 
-# Then the source, installed without dependencies (they are all in the layer above).
-# README.md* matches nothing harmlessly while the repository has no README.
-COPY pyproject.toml README.md* worker.py ./
-COPY s3batch/ s3batch/
-COPY activities/ activities/
-COPY workflows/ workflows/
-RUN pip install --no-cache-dir --no-deps . \
+# Then the source (the build context is .dockerignore's allow-list), installed without dependencies
+# (they are all in the layer above).
+COPY . /src/
+RUN pip install --no-cache-dir --no-deps /src \
     && python -m compileall -q /opt/venv/lib
 
 # ---------------------------------------------------------------------------- runtime stage
-FROM python:3.11.15-slim-bookworm
+FROM ${BASE_IMAGE}
 
 # A fixed numeric uid/gid, so Kubernetes can verify runAsNonRoot without resolving a name.
 RUN groupadd --system --gid 10001 s3batch \

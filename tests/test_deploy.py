@@ -1,10 +1,10 @@
 """Deployment files: the compose file, the Dockerfile, the Kubernetes example and the IAM policy.
 
-No Docker engine here, so the containers' contract is checked from outside: the compose file
-validates against the Compose specification's JSON schema, images are pinned, dependencies have
-health checks, hadolint passes, and the exact command and environment the compose file gives the
-worker (and its one-shot helpers) run as real processes against the local test stack, with only
-the addresses pointed at it.
+Checked here from outside, with no Docker engine: the compose file validates against the Compose
+specification's JSON schema, images are pinned, dependencies have health checks, hadolint passes,
+and the exact command and environment the compose file gives the worker (and its one-shot helpers)
+run as real processes against the local test stack, with only the addresses pointed at it. The
+image itself is built and run on a real engine by tests/test_container.py (make test-container).
 """
 
 from __future__ import annotations
@@ -243,10 +243,15 @@ def test_every_image_is_pinned_to_a_version() -> None:
         assert "image" in service or "build" in service, name
         if "image" in service:
             assert image_ref_pinned(service["image"]), f"{name}: image {service['image']!r} is not pinned"
-    for _word, args in (line for line in _all_dockerfile_instructions() if line[0] == "FROM"):
-        ref = args.split()[0]
-        assert image_ref_pinned(ref), f"Dockerfile base {ref!r} is not pinned"
-        assert re.search(r":\d+\.\d+\.\d+", ref), f"Dockerfile base {ref!r}: pin the patch version"
+    instructions = _all_dockerfile_instructions()
+    # Every stage starts from the BASE_IMAGE build argument, whose default is the pinned public image
+    # (make test-container passes a base built from Debian packages instead).
+    args = dict(a.partition("=")[::2] for word, a in instructions if word == "ARG" and "=" in a)
+    for _word, from_args in (line for line in instructions if line[0] == "FROM"):
+        assert from_args.split()[0] == "${BASE_IMAGE}", f"Dockerfile stage {from_args!r}: FROM ${{BASE_IMAGE}}"
+    ref = args["BASE_IMAGE"]
+    assert image_ref_pinned(ref), f"Dockerfile base {ref!r} is not pinned"
+    assert re.search(r":\d+\.\d+\.\d+", ref), f"Dockerfile base {ref!r}: pin the patch version"
 
 
 def _all_dockerfile_instructions() -> list[tuple[str, str]]:
@@ -345,10 +350,11 @@ def test_grace_periods_cover_the_worker_drain() -> None:
 def test_dockerfile_shape() -> None:
     stages = _all_dockerfile_instructions()
     text = DOCKERFILE.read_text()
-    # Dependencies are installed from pyproject.toml before the source is copied.
-    deps_at = text.index("pip install --no-cache-dir -r")
-    assert text.index("COPY pyproject.toml ./") < deps_at < text.index("COPY s3batch/")
-    assert text.index("COPY s3batch/") < text.index("--no-deps .")
+    # Dependencies are installed from the hashed lock before the source is copied (that layer is
+    # rebuilt only when the lock changes), then the source without dependencies.
+    deps_at = text.index("-r /src/requirements.lock --require-hashes")
+    assert text.index("COPY pyproject.toml requirements.lock /src/") < deps_at < text.index("COPY . /src/")
+    assert text.index("COPY . /src/") < text.index("--no-deps /src")
     final = dict(dockerfile_final_stage())
     user = final["USER"].split(":")[0]
     assert user.isdigit() and int(user) != 0, "run as a numeric non-root user"
