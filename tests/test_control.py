@@ -7,7 +7,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,9 +24,10 @@ from temporalio.worker import Worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
 from s3batch import layout
 from s3batch.dev.stack import Stack
-from s3batch.models import Progress, S3BatchInput, S3BatchResult
+from s3batch.models import S3BatchInput, S3BatchResult
 from tests.helpers import run, wait_for
 from tests.helpers.data import make_csv
+from tests.helpers.jobs import progress, start, until
 from tests.helpers.output import has_part, report
 
 HEARTBEAT_TIMEOUT = 20
@@ -54,26 +54,6 @@ def job(src: str, out: str, **kw: Any) -> S3BatchInput:
         "heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT,
     }
     return S3BatchInput(bucket=src, **{**options, **kw})
-
-
-async def start(client: Client, task_queue: str, spec: S3BatchInput, tag: str) -> WorkflowHandle[Any, S3BatchResult]:
-    return await client.start_workflow(
-        S3BatchWorkflow.run, spec, id=f"ctl-{tag}-{uuid.uuid4().hex[:8]}", task_queue=task_queue
-    )
-
-
-async def progress(handle: WorkflowHandle[Any, Any]) -> Progress:
-    return await handle.query(S3BatchWorkflow.progress)
-
-
-async def until(check: Callable[[Progress], bool], handle: WorkflowHandle[Any, Any], timeout: float = 60) -> Progress:
-    """The job's progress once ``check`` holds (queried every 50 ms, at most ``timeout`` seconds)."""
-
-    async def holds() -> Progress | None:
-        p = await progress(handle)
-        return p if check(p) else None
-
-    return await wait_for(holds, timeout, f"a progress of {handle.id} that passes the check")
 
 
 async def until_parts(s3: Any, bucket: str, keys: list[str], timeout: float = 60) -> None:

@@ -21,7 +21,7 @@ from s3batch import layout
 from s3batch.dev.workers import memory_kib
 from s3batch.models import S3BatchInput
 from tests.helpers.assertions import assert_invalid_input
-from tests.helpers.output import read_jsonl, report
+from tests.helpers.output import list_keys, read_jsonl, report
 from tests.helpers.workers import worker_process
 
 pytestmark = pytest.mark.slow
@@ -31,14 +31,6 @@ async def run(client: Client, task_queue: str, spec: S3BatchInput) -> dict[str, 
     return await client.execute_workflow(
         "S3BatchWorkflow", spec, id=f"hostile-{uuid.uuid4().hex[:8]}", task_queue=task_queue, result_type=dict
     )
-
-
-def all_keys(s3: Any, bucket: str) -> list[str]:
-    return [
-        o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-        for o in page.get("Contents", [])
-    ]
 
 
 UNICODE_KEY = "h/dir with space/données é 日本 ü.csv"
@@ -117,8 +109,8 @@ async def test_hostile_records_and_keys_end_to_end(
     assert read_jsonl(s3, out, f"run/{UNICODE_KEY}/")[1] == {"id": "1", "name": "ü", "note": "x"}
     assert [int(r["id"]) for r in read_jsonl(s3, out, "run/h/wrong_width.csv/")] == [0, 3]
     # An empty file, a header-only file: one empty final part, nothing else.
-    assert [k for k in all_keys(s3, out) if k.startswith("run/h/empty.csv/")] == ["run/h/empty.csv/part-00000.jsonl"]
-    assert all(k.startswith("run/") for k in all_keys(s3, out)), "an output key outside output_prefix"
+    assert [k for k in list_keys(s3, out) if k.startswith("run/h/empty.csv/")] == ["run/h/empty.csv/part-00000.jsonl"]
+    assert all(k.startswith("run/") for k in list_keys(s3, out)), "an output key outside output_prefix"
     reliability(
         "Hostile records: wrong width, unterminated quote, invalid UTF-8, NUL, invalid JSON, empty and "
         "header-only files, unicode key, folder marker",
@@ -166,13 +158,13 @@ async def test_keys_needing_encoding_end_to_end(
     assert result["status"] == "succeeded"
     files = {f["key"]: f for f in report(s3, out, "run/")["files"]}
     assert sorted(files) == sorted(ENCODED_KEYS), "the report names the source keys, not the encoded ones"
-    written = [k for k in all_keys(s3, out) if k.endswith(".jsonl") and "/_s3batch/" not in k]
+    written = [k for k in list_keys(s3, out) if k.endswith(".jsonl") and "/_s3batch/" not in k]
     assert sorted(written) == sorted(d + "part-00000.jsonl" for d in ENCODED_KEYS.values())
     for i, (key, folder) in enumerate(ENCODED_KEYS.items()):
         assert files[key]["status"] == "succeeded"
         assert read_jsonl(s3, out, folder) == [{"id": str(i), "name": "x"}]
         assert layout.decode_key(folder.removeprefix("run/").removesuffix("/")) == key
-    assert not any(re.search(r"[\x00-\x1f\x7f]", k) for k in all_keys(s3, out)), "a control character in an output key"
+    assert not any(re.search(r"[\x00-\x1f\x7f]", k) for k in list_keys(s3, out)), "a control character in an output key"
 
 
 async def test_output_prefix_with_dot_dot_segments_is_refused(

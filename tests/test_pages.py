@@ -15,8 +15,9 @@ from temporalio.worker import Worker
 
 from s3batch import layout
 from s3batch.models import S3BatchInput, S3BatchResult
+from tests.helpers.data import put_files
 from tests.helpers.history import history_events, scheduled_activities
-from tests.helpers.output import report
+from tests.helpers.output import list_keys, report
 
 
 def body(i: int) -> bytes:
@@ -28,23 +29,10 @@ def expected_part(i: int) -> bytes:
     return b'{"file":%d,"row":0}\n{"file":%d,"row":1}\n' % (i, i)
 
 
-def upload(s3: Any, bucket: str, keys: dict[str, bytes]) -> None:
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda kv: s3.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), keys.items()))
-
-
 def read_all(s3: Any, bucket: str, keys: list[str]) -> dict[str, bytes]:
     with ThreadPoolExecutor(16) as pool:
         bodies = pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(), keys)
         return dict(zip(keys, bodies, strict=True))
-
-
-def listed_keys(s3: Any, bucket: str, prefix: str) -> list[str]:
-    return [
-        o["Key"]
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        for o in page.get("Contents", [])
-    ]
 
 
 async def run_job(client: Client, task_queue: str, job: S3BatchInput) -> tuple[str, S3BatchResult]:
@@ -59,7 +47,7 @@ async def test_a_job_over_three_listing_pages_processes_each_key_exactly_once(
     src, out = buckets
     n = 1_100  # pages of 500, 500 and 100 keys; runs of 500, 500 and 100 files (continue-as-new)
     keys = {f"many/{i:05d}.jsonl": body(i) for i in range(n)}
-    upload(s3, src, keys)
+    put_files(s3, src, keys)
 
     job_id, result = await run_job(
         client, task_queue, S3BatchInput(bucket=src, prefix="many/", output_bucket=out, output_prefix="o/")
@@ -79,7 +67,7 @@ async def test_a_job_over_three_listing_pages_processes_each_key_exactly_once(
 
     # Exactly one part per source key, with exactly the records of that key.
     parts = {k: layout.part_key("o/", k, 0) for k in keys}
-    outputs = [k for k in listed_keys(s3, out, "o/") if not k.startswith("o/_")]
+    outputs = [k for k in list_keys(s3, out, "o/") if not k.startswith("o/_")]
     assert sorted(outputs) == sorted(parts.values())
     written = read_all(s3, out, list(parts.values()))
     wrong = [k for i, k in enumerate(keys) if written[parts[k]] != expected_part(i)]
@@ -94,7 +82,7 @@ async def test_redrive_of_more_than_a_page_of_failed_files(
     src, out = buckets
     failing = {f"rd/{i:05d}.data": body(i) for i in range(520)}
     good = {f"rd/{i:05d}.jsonl": body(i) for i in range(520, 560)}
-    upload(s3, src, {**failing, **good})
+    put_files(s3, src, {**failing, **good})
     job = S3BatchInput(bucket=src, prefix="rd/", output_bucket=out, output_prefix="o/", max_failed_files=1_000)
 
     _, first = await run_job(client, task_queue, job)

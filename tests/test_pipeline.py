@@ -12,14 +12,9 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 import tests.fault_handlers as fault_handlers
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.models import S3BatchInput
+from tests.helpers.jobs import execute
 from tests.helpers.output import read_jsonl, report
-
-
-async def run_job(client: Client, task_queue: str, job: S3BatchInput) -> S3BatchResult:
-    return await client.execute_workflow(
-        S3BatchWorkflow.run, job, id=f"job-{uuid.uuid4().hex[:8]}", task_queue=task_queue
-    )
 
 
 async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_queue: str, s3: Any, buckets):
@@ -31,7 +26,7 @@ async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_qu
     s3.put_object(Bucket=src, Key="in/events2.jsonl.gz", Body=gzip.compress(jsonl.encode()))
     s3.put_object(Bucket=src, Key="in/folder/", Body=b"")
 
-    result = await run_job(
+    result = await execute(
         client,
         task_queue,
         S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="run1/", chunk_records=1000),
@@ -63,7 +58,7 @@ async def test_csv_jsonl_gzip_end_to_end(client: Client, worker: Worker, task_qu
 
 async def test_empty_prefix_is_a_successful_empty_job(client: Client, worker: Worker, task_queue: str, buckets):
     src, out = buckets
-    result = await run_job(client, task_queue, S3BatchInput(bucket=src, prefix="nothing/", output_bucket=out))
+    result = await execute(client, task_queue, S3BatchInput(bucket=src, prefix="nothing/", output_bucket=out))
     assert result.status == "succeeded"
     assert result.totals.files_listed == 0
 
@@ -133,7 +128,7 @@ async def test_redrive_processes_only_the_failed_files_and_resumes_their_parts(
         bucket=src, prefix="rd/", output_bucket=out, output_prefix="o/", handler="explode_until_fixed",
         chunk_records=10, max_attempts=1, max_failed_files=1,
     )
-    first = await run_job(client, task_queue, job)
+    first = await execute(client, task_queue, job)
     assert (first.totals.files_succeeded, first.totals.files_failed) == (3, 1)
     failed = {f["key"]: f for f in report(s3, out, "o/")["files"]}["rd/d.jsonl"]
     assert failed["status"] == "failed" and failed["error"].startswith("HandlerError: ")
@@ -142,7 +137,7 @@ async def test_redrive_processes_only_the_failed_files_and_resumes_their_parts(
     fault_handlers.BOOM_FIXED = True
     try:
         redrive = job.model_copy(update={"only_failed_of": f"s3://{out}/o/_report.json", "max_failed_files": 0})
-        second = await run_job(client, task_queue, redrive)
+        second = await execute(client, task_queue, redrive)
     finally:
         fault_handlers.BOOM_FIXED = False
     assert second.totals.files_listed == 1
@@ -168,7 +163,7 @@ async def test_rejects_of_a_chunk_are_in_line_order(client: Client, worker: Work
         "5,e@example.com,Eve,FR,2.50,2024-01-02T03:04:05Z",  # line 6: written
     ]
     s3.put_object(Bucket=src, Key="c/customers.csv", Body=("\n".join(lines) + "\n").encode())
-    result = await run_job(
+    result = await execute(
         client, task_queue, S3BatchInput(bucket=src, prefix="c/", output_bucket=out, handler="customers")
     )
     assert (result.totals.records_written, result.totals.rejected) == (1, 4)
@@ -185,7 +180,7 @@ async def test_redrive_of_a_missing_report_fails_before_any_file(
     src, out = buckets
     job = S3BatchInput(bucket=src, output_bucket=out, output_prefix="o/", only_failed_of=f"s3://{out}/nope/_report.json")
     try:
-        await run_job(client, task_queue, job)
+        await execute(client, task_queue, job)
     except WorkflowFailureError as err:
         assert err.cause.cause.type == "NotFound"
         assert f"s3://{out}/nope/_report.json" in err.cause.cause.message
@@ -199,7 +194,7 @@ async def test_versioned_bucket_pins_the_version_in_the_checkpoint(
     src, out = buckets
     s3.put_bucket_versioning(Bucket=src, VersioningConfiguration={"Status": "Enabled"})
     put = s3.put_object(Bucket=src, Key="v/a.jsonl", Body=b"".join(b'{"n": %d}\n' % i for i in range(50)))
-    result = await run_job(
+    result = await execute(
         client, task_queue, S3BatchInput(bucket=src, prefix="v/", output_bucket=out, chunk_records=20)
     )
     assert result.totals.records_written == 50
@@ -216,9 +211,9 @@ async def test_rerun_of_a_grouped_job_finds_the_committed_output(
     for i in range(5):
         s3.put_object(Bucket=src, Key=f"re/{i}.jsonl", Body=b'{"a": 1}\n{"a": 2}\n')
     job = S3BatchInput(bucket=src, prefix="re/", output_bucket=out, output_prefix="o/")
-    await run_job(client, task_queue, job)
+    await execute(client, task_queue, job)
     before = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/re/")["Contents"]}
-    again = await run_job(client, task_queue, job)
+    again = await execute(client, task_queue, job)
     assert again.totals.records_written == 10
     report = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
     # Every file was found complete: nothing was processed again.

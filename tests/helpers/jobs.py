@@ -1,0 +1,42 @@
+"""Starting jobs on the test stack and waiting on their progress."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from s3batch.workflows.batch import S3BatchWorkflow
+from temporalio.client import Client, WorkflowHandle
+
+from s3batch.models import Progress, S3BatchInput, S3BatchResult
+from tests.helpers import wait_for
+
+
+def new_id(tag: str) -> str:
+    """A fresh workflow ID ``<tag>-<8 hex digits>``."""
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+async def start(client: Client, task_queue: str, spec: S3BatchInput, tag: str) -> WorkflowHandle[Any, S3BatchResult]:
+    """Start a job (ID ``<tag>-<8 hex digits>``); its handle."""
+    return await client.start_workflow(S3BatchWorkflow.run, spec, id=new_id(tag), task_queue=task_queue)
+
+
+async def execute(client: Client, task_queue: str, spec: S3BatchInput, tag: str = "job") -> S3BatchResult:
+    """Run a job to its end; its result (a failed job raises ``WorkflowFailureError``)."""
+    return await client.execute_workflow(S3BatchWorkflow.run, spec, id=new_id(tag), task_queue=task_queue)
+
+
+async def progress(handle: WorkflowHandle[Any, Any]) -> Progress:
+    return await handle.query(S3BatchWorkflow.progress)
+
+
+async def until(check: Callable[[Progress], bool], handle: WorkflowHandle[Any, Any], timeout: float = 60) -> Progress:
+    """The job's progress once ``check`` holds (queried every 50 ms, at most ``timeout`` seconds)."""
+
+    async def holds() -> Progress | None:
+        p = await progress(handle)
+        return p if check(p) else None
+
+    return await wait_for(holds, timeout, f"a progress of {handle.id} that passes the check")
