@@ -22,6 +22,11 @@ Cases (see issue 6 and docs/PERFORMANCE.md):
   6. crash cost: SIGKILL mid-file, s3batch vs a naive one-activity-per-file design (no checkpoint);
      SIGTERM hand-off time
   7. workflow history: events per file, the largest run's events and bytes, for a 20,000-file job
+  8. responsiveness, on one big file in flight with the job's default heartbeat timeout (30 s): how
+     often the file's progress (its checkpoint, the in-flight bytes ``s3batch watch`` shows) changes
+     on the server, and the cancel latency (``handle.cancel()`` -> the file activity stopped, and ->
+     the workflow closed cancelled); baseline: the same worker with a 24 s heartbeat throttle, the
+     SDK's default (0.8 x the heartbeat timeout) that workers had before the plugin set one
 
 The naive design of case 6 lives in this file (``NaiveFileWorkflow``); ``--naive-worker QUEUE`` runs
 its worker (the benchmark starts it as a subprocess).
@@ -35,6 +40,7 @@ import contextlib
 import csv
 import datetime
 import io
+import itertools
 import json
 import os
 import platform
@@ -111,6 +117,15 @@ class Sizes:
     heartbeat_timeout: int = 5
     kill_fraction: float = 0.3
     history_files: int = 20_000
+    resp_rows: int = 120_000
+    resp_chunk: int = 1_000
+    resp_delay: float = 0.5
+    """Case 8: seconds of handler time per chunk (``slow_passthrough``): 120 chunks, ~60 s in flight,
+    long enough for a cancel to land even at the baseline's 24 s throttle."""
+    resp_window: float = 15.0
+    """Case 8: seconds of progress sampling (every 0.2 s) before the cancel."""
+    resp_baseline: bool = True
+    """Case 8: also measure the worker with the SDK's default throttle (24 s)."""
 
 
 QUICK = Sizes(
@@ -129,6 +144,10 @@ QUICK = Sizes(
     crash_delay=0.04,
     heartbeat_timeout=2,
     history_files=120,
+    resp_rows=30_000,
+    resp_delay=0.2,
+    resp_window=4.0,
+    resp_baseline=False,
 )
 
 
@@ -957,6 +976,136 @@ async def case_history(b: Bench) -> None:
     b.add("7. history", "largest single run: events / bytes", f"{big_events:,} / {big_bytes / 1e6:.2f} MB", "", "",
           "<= 10,000 / 5 MB", verdict(big_events <= 10_000 and big_bytes <= 5e6))
 
+# --------------------------------------------------------------------------- case 8: responsiveness
+
+_RESP_SAMPLE = 0.2
+"""Seconds between two samples of a running file's progress (case 8)."""
+_BASELINE_THROTTLE = 24.0
+"""The SDK's own heartbeat throttle for the default 30 s heartbeat timeout (0.8 x the timeout)."""
+
+
+async def _file_activity(handle: Any) -> tuple[Any, Any]:
+    """(workflow description, the pending file activity or None)."""
+    desc = await handle.describe()
+    pending = [p for p in desc.raw_description.pending_activities if p.activity_type.name in _FILE_ACTIVITIES]
+    return desc, pending[0] if pending else None
+
+
+async def _progress_changes(handle: Any, window: float) -> dict[str, Any]:
+    """Sample the running file for ``window`` seconds: when its heartbeat details (the checkpoint,
+    whose byte offset is what ``s3batch watch`` shows in flight) and the workflow's ``progress``
+    query change on the server."""
+    seen_details: bytes | None = None
+    seen_query: Any = None
+    details_at: list[float] = []
+    query_at: list[float] = []
+    t0 = time.monotonic()
+    while (now := time.monotonic()) - t0 < window:
+        _, pending = await _file_activity(handle)
+        if pending is None:
+            raise RuntimeError("the file finished while its progress was sampled: make it longer (resp_rows)")
+        details = pending.heartbeat_details.SerializeToString()
+        if pending.heartbeat_details.payloads and details != seen_details:
+            details_at.append(now - t0)
+            seen_details = details
+        query = await handle.query("progress", result_type=dict)
+        moving = (query["records"], query["records_written"], query["bytes_read"])
+        if moving != seen_query:
+            query_at.append(now - t0)
+            seen_query = moving
+        await asyncio.sleep(max(0.0, _RESP_SAMPLE - (time.monotonic() - now)))
+
+    def gaps(times: list[float]) -> list[float]:
+        return [round(b - a, 2) for a, b in itertools.pairwise(times)]
+
+    # The first sample sets the reference; only later samples are changes.
+    return {"window_s": window, "sample_s": _RESP_SAMPLE,
+            "checkpoint_changes": len(details_at) - 1, "checkpoint_intervals_s": gaps(details_at),
+            "query_changes": len(query_at) - 1, "query_intervals_s": gaps(query_at)}
+
+
+async def _cancel_latency(handle: Any) -> dict[str, Any]:
+    """``handle.cancel()`` on the running file: seconds until its activity is no longer pending
+    (it stopped at a chunk boundary and reported the cancellation), and until the workflow closed."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    t0 = time.monotonic()
+    await handle.cancel()
+    stopped = closed = None
+    while closed is None:
+        desc, pending = await _file_activity(handle)
+        now = time.monotonic() - t0
+        if stopped is None and pending is None:
+            stopped = now
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            closed = now
+            status = desc.status.name if desc.status else "?"
+        elif now > 120:
+            raise TimeoutError("the cancelled job was still running after 120 s")
+        await asyncio.sleep(0.05)
+    return {"stopped_s": round(stopped if stopped is not None else closed, 2), "closed_s": round(closed, 2),
+            "status": status}
+
+
+async def _responsiveness_run(b: Bench, label: str, env: dict[str, str]) -> dict[str, Any]:
+    z = b.sizes
+    queue = f"bench-8{label[0]}-{uuid.uuid4().hex[:6]}"
+    w = b.worker(f"8-{label}", queue, 1, env={"S3BATCH_HANDLER_MODULES": "tests.slow_handlers",
+                                                "S3BATCH_TEST_HANDLER_DELAY": str(z.resp_delay), **env}).wait_ready()
+    job = {"bucket": SRC, "prefix": "resp/", "output_bucket": OUT, "output_prefix": f"8/{label}/",
+           "handler": "slow_passthrough", "chunk_records": z.resp_chunk, "max_concurrent_files": 1}
+    handle = await b.client.start_workflow("S3BatchWorkflow", job, id=f"bench-resp-{label}-{uuid.uuid4().hex[:6]}",
+                                           task_queue=queue, result_type=dict)
+    await _wait(lambda: part_exists(b.s3, f"8/{label}/resp/customers.csv/part-00000.jsonl"), 120, 0.05)
+    changes = await _progress_changes(handle, z.resp_window)
+    cancel = await _cancel_latency(handle)
+    w.stop(25)
+    intervals = changes["checkpoint_intervals_s"]
+    result = {**changes, **cancel,
+              "checkpoint_median_interval_s": median(intervals) if intervals else None}
+    log(f"case 8 {label}: checkpoint changed {changes['checkpoint_changes']}x in {z.resp_window:g}s "
+        f"(median {result['checkpoint_median_interval_s']}s), progress query {changes['query_changes']}x; "
+        f"cancel: file stopped {cancel['stopped_s']}s, workflow {cancel['status']} {cancel['closed_s']}s")
+    return result
+
+
+def _interval_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return ""
+    if r["checkpoint_median_interval_s"] is None:
+        return f"> {r['window_s']:g} ({r['checkpoint_changes']} changes)"
+    return f"{r['checkpoint_median_interval_s']:.1f} ({r['checkpoint_changes']} changes in {r['window_s']:g} s)"
+
+
+async def case_responsiveness(b: Bench) -> None:
+    """Case 8: progress refresh and cancel latency on one big file in flight (default heartbeat
+    timeout, 30 s), with the worker's own throttle and, as the baseline, the SDK's 24 s."""
+    z = b.sizes
+    clock = CaseClock()
+    if object_size(b.s3, "resp/customers.csv") is None:
+        put_csv(b.s3, "resp/customers.csv", z.resp_rows)
+    now = await _responsiveness_run(b, "current", {})
+    base = None
+    if z.resp_baseline:
+        sdk = {"S3BATCH_HEARTBEAT_THROTTLE_SECONDS": str(_BASELINE_THROTTLE)}
+        base = await _responsiveness_run(b, "sdk-throttle", sdk)
+    b.results["8_responsiveness"] = {"rows": z.resp_rows, "chunk_records": z.resp_chunk,
+                                     "handler_s_per_chunk": z.resp_delay, "heartbeat_timeout_s": 30,
+                                     "current": now, "baseline_sdk_throttle": base, "load": clock.summary()}
+    what = f"1 file in flight, a chunk every ~{z.resp_delay:g} s"
+    b.add("8. responsiveness", f"s between progress changes (in-flight bytes; {what})", _interval_cell(now),
+          _interval_cell(base) + (" (SDK throttle 24 s)" if base else ""), "", "<= 5 s",
+          verdict(now["checkpoint_median_interval_s"] is not None and now["checkpoint_median_interval_s"] <= 5))
+    b.add("8. responsiveness", "changes of the progress query (files, records, bytes) while the file is read",
+          f"{now['query_changes']} in {now['window_s']:g} s",
+          f"{base['query_changes']} in {base['window_s']:g} s" if base else "", "", "", "info")
+    b.add("8. responsiveness", "s cancel -> file activity stopped", f"{now['stopped_s']:.1f}",
+          f"{base['stopped_s']:.1f} (SDK throttle 24 s)" if base else "", "", "<= 5 s", verdict(now["stopped_s"] <= 5))
+    b.add("8. responsiveness", "s cancel -> workflow closed (cancelled, report written)", f"{now['closed_s']:.1f}",
+          f"{base['closed_s']:.1f} (SDK throttle 24 s)" if base else "", "", "<= 8 s",
+          verdict(now["closed_s"] <= 8 and now["status"] == "CANCELED"))
+
+
 
 # ------------------------------------------------------------------------------------------ main
 
@@ -1073,6 +1222,7 @@ async def bench(args: argparse.Namespace) -> int:
             (4, lambda: case_two_workers(b)),
             (5, lambda: case_memory(b)),
             (6, lambda: case_crash(b)),
+            (8, lambda: case_responsiveness(b)),
             (7, lambda: case_history(b)),
         ]
         for number, step in steps:
@@ -1108,7 +1258,7 @@ async def bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, figures meaningless)")
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7", help="comma-separated case numbers (default: all)")
+    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8", help="comma-separated case numbers (default: all)")
     parser.add_argument("--json", help="where to write the results (default: .bench/results.json)")
     parser.add_argument("--root", default=str(ROOT / ".bench"), help="working directory (default: .bench)")
     parser.add_argument("--heartbeat-timeout", type=int, default=0, help="case 6 heartbeat timeout, seconds")

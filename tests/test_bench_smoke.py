@@ -15,10 +15,11 @@ _COLUMNS = ["case", "metric", "s3batch", "baseline", "ratio", "target", "verdict
 
 def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    # Cases 1, 3 and 7 cover the plain baselines, an s3batch job on a worker process, the history
-    # walk and the JSON; the crash and two-worker cases start many processes and take too long here.
+    # Cases 1, 3, 7 and 8 cover the plain baselines, an s3batch job on a worker process, the history
+    # walk, a cancelled job and the JSON; the crash and two-worker cases start many processes and take
+    # too long here.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--cases", "1,3,7",
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--cases", "1,3,7,8",
          "--json", str(out), "--root", str(tmp_path / "bench")],
         cwd=ROOT,
         capture_output=True,
@@ -31,23 +32,27 @@ def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == _COLUMNS
     body = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert {row[0][0] for row in body} == {"1", "3", "7"}
+    assert {row[0][0] for row in body} == {"1", "3", "7", "8"}
     assert all(len(row) == len(_COLUMNS) and row[2] for row in body)
 
     data = json.loads(out.read_text())
     assert data["quick"] is True
-    assert data["cases"] == [1, 3, 7]
+    assert data["cases"] == [1, 3, 7, 8]
     assert data["machine"]["cpu_count"] >= 1
     assert data["machine"]["packages"]["temporalio"]
     assert [list(row) for row in data["table"]] == [_COLUMNS] * len(data["table"])
     assert len(data["table"]) == len(body)
     results = data["results"]
-    assert set(results) == {"1_big_file", "3_small_files", "7_history"}
+    assert set(results) == {"1_big_file", "3_small_files", "7_history", "8_responsiveness"}
     big = results["1_big_file"]
     assert big["plain_rows_per_s"] > 0 and big["s3batch_rows_per_s"] > 0 and big["ratio"] > 0
     assert results["3_small_files"]["files"] == data["sizes"]["small_files"]
     history = results["7_history"]
     assert history["files"] == data["sizes"]["history_files"]
     assert history["largest_run_events"] > 0 and history["largest_run_bytes"] > 0
+    # The file was sampled mid-flight (its checkpoint seen at least once) and the cancel closed the job.
+    responsive = results["8_responsiveness"]["current"]
+    assert responsive["checkpoint_changes"] >= 0 and responsive["status"] == "CANCELED"
+    assert 0 <= responsive["stopped_s"] <= responsive["closed_s"]
     for case in results.values():
         assert {"wall_s", "cores_busy_others"} <= set(case["load"])
