@@ -88,7 +88,9 @@ def test_source_values_are_keyed_hmacs_one_per_key_of_the_keyring() -> None:
 
 
 def test_default_ids_name_no_bucket_with_a_key_and_list_source_is_an_exact_clause() -> None:
-    from s3batch.cli import EXIT_BAD_INPUT, CliError, default_workflow_id, list_query
+    from s3batch.cli.jobs import list_query
+    from s3batch.cli.output import EXIT_BAD_INPUT, CliError
+    from s3batch.client import default_workflow_id
 
     job = S3BatchInput(bucket="secret-bucket", prefix="p/", output_bucket="out-bucket")
     assert "secret-bucket" not in default_workflow_id(job, encrypted=True)
@@ -331,7 +333,7 @@ def test_printable_escapes_what_a_terminal_acts_on_and_keeps_the_rest() -> None:
     buffer = io.StringIO()
     from rich.console import Console
 
-    from s3batch.cli import cell, safe_line
+    from s3batch.cli.output import cell, safe_line
 
     console = Console(file=buffer, width=200, color_system=None, emoji=False)
     console.print(safe_line(("[/bold]", "bold"), " [link=x]y[/link] :smile:"))

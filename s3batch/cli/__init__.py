@@ -1,0 +1,83 @@
+"""``s3batch``: start an S3 batch job and follow it from the command line.
+
+    s3batch start --bucket incoming --prefix customers/ --output-bucket processed --wait
+    s3batch status s3batch-incoming-1a2b3c4d [--json]
+    s3batch pause ID / s3batch resume ID     # pause lets running files finish
+    s3batch set-concurrency ID 16
+    s3batch cancel ID                        # in-flight files stop at a chunk boundary
+    s3batch watch ID [--interval 1] [--once]  # live view: a bar per file in flight, speed, ETA
+    s3batch report ID [--json]
+    s3batch redrive ID [--id NEW_ID] [--wait] # a new job over the files that failed in ID
+    s3batch list [--running] [--source BUCKET/PREFIX] [--json]
+
+``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
+``temporal workflow update execute --name pause --workflow-id ID`` does the same (``set_concurrency``
+takes ``--input N``).
+
+The job flags are the fields of :class:`~s3batch.models.S3BatchInput` (``chunk_records`` is
+``--chunk-records``), validated locally before anything is started. The Temporal connection comes
+from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, profiles; see
+:mod:`s3batch.config`), the task queue from ``S3BATCH_TASK_QUEUE`` unless ``--task-queue`` is given.
+
+Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
+3 the command does not apply to the job in its state: the ID belongs to a job that already finished
+(IDs are never reused; controls need a running job), or ``redrive`` was given a job that is still
+running or has no failed or cancelled files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from s3batch.cli import control, jobs, watch
+from s3batch.cli.output import CliError, err_out, exit_code, safe_line
+from s3batch.client import ClientError
+from s3batch.errors import S3BatchError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``s3batch`` command line: each module adds its commands (the order of ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog="s3batch",
+        description="Start and follow s3batch jobs (durable processing of files in S3 on Temporal).",
+        epilog="Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY or a "
+        "temporal.toml profile, as for the temporal CLI.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    jobs.add_start(commands)
+    jobs.add_status(commands)
+    control.add_commands(commands)
+    watch.add_watch(commands)
+    jobs.add_report(commands)
+    jobs.add_redrive(commands)
+    jobs.add_list(commands)
+    return parser
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` and return its exit code (for callers in Python)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.func(args))
+    except CliError as err:
+        err_out.print(safe_line(("error:", "bold red"), f" {err}"))
+        return err.code
+    except (ClientError, S3BatchError) as err:  # S3BatchError: e.g. S3 refused to read the report
+        err_out.print(safe_line(("error:", "bold red"), f" {err}"))
+        return exit_code(err)
+    except KeyboardInterrupt:
+        err_out.print("interrupted: the job itself keeps running (see `s3batch status ID`)")
+        return 130
+
+
+def main() -> None:
+    """Console-script entry point."""
+    code = run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: the Temporal client's native threads can outlive the event loop and
+    # abort a finishing interpreter (temporalio/sdk-python#300), turning a success into SIGABRT.
+    os._exit(code)

@@ -1,0 +1,59 @@
+"""What every command prints through: the consoles, markup-safe text, JSON, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from s3batch.client import ClientError, InvalidRequest, WrongJobState
+from s3batch.errors import S3BatchError
+from s3batch.logs import printable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_ID_USED = 3
+
+# No emoji codes: ":name:" in an object key must print as typed.
+out = Console(soft_wrap=True, highlight=False, emoji=False)
+err_out = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+
+
+class CliError(Exception):
+    """An error to print (without a traceback) and exit with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code(err: ClientError | S3BatchError) -> int:
+    """The exit code of an error: 2 for an invalid request, 3 for a job in the wrong state, else 1."""
+    if isinstance(err, InvalidRequest):
+        return EXIT_BAD_INPUT
+    if isinstance(err, WrongJobState):
+        return EXIT_ID_USED
+    return EXIT_FAILED
+
+
+def safe_line(*parts: object) -> Text:
+    """One line of output that rich never reads as markup: ``[/bold]`` or ``[link=...]`` in a key is
+    shown as typed, never applied, and cannot crash the command. Each part is a value (shown through
+    :func:`printable`) or a ``(value, style)`` pair."""
+    return Text.assemble(
+        *((printable(part[0]), part[1]) if isinstance(part, tuple) else printable(part) for part in parts)
+    )
+
+
+def cell(value: object, style: str = "") -> Text:
+    """A table cell showing ``value`` as typed (table cells given as ``str`` are read as markup)."""
+    return Text(printable(value), style=style)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,52 @@
+"""What the client functions raise: each message says what was wrong and what to do.
+
+The command line maps these to its exit codes (:mod:`s3batch.cli`): a :class:`ClientError` is 1,
+an :class:`InvalidRequest` 2 and a :class:`WrongJobState` 3.
+"""
+
+from __future__ import annotations
+
+
+class ClientError(Exception):
+    """A client call that could not be done (no such job, Temporal unreachable, no report yet)."""
+
+
+class JobNotFound(ClientError):
+    """No job has this workflow ID in the namespace."""
+
+
+class ConnectFailed(ClientError):
+    """Temporal could not be reached."""
+
+
+class ReportNotFound(ClientError):
+    """The job has no report (yet): it is written when the job ends."""
+
+
+class InvalidRequest(ClientError):
+    """The request itself is invalid: unusable settings, or a control the job refused."""
+
+
+class ControlRejected(InvalidRequest):
+    """The running job refused a control update (e.g. a concurrency out of range)."""
+
+
+class WrongJobState(ClientError):
+    """The call does not apply to the job in its state (finished, still running, nothing failed)."""
+
+
+class JobNotRunning(WrongJobState):
+    """A control needs a running job, and this one finished."""
+
+
+class JobIdUsed(WrongJobState):
+    """A job with this ID already ran and finished: an ID is never reused, so nothing was started."""
+
+    def __init__(self, message: str, workflow_id: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.run_id = run_id
+
+
+class NothingToRedrive(WrongJobState):
+    """The job is still running, or its report lists no file to process again."""

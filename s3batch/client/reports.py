@@ -1,0 +1,74 @@
+"""A job's input and its report on S3."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.client import Client
+
+from s3batch import layout
+from s3batch import report as stored_report
+from s3batch.client.errors import ClientError, ReportNotFound
+from s3batch.client.jobs import describe_run
+from s3batch.client.views import StoredReport
+from s3batch.models import S3BatchInput
+from s3batch.s3io import make_client
+
+
+async def job_input(client: Client, workflow_id: str) -> S3BatchInput:
+    """The job's input, from the start event of its first run (every run has the same job).
+
+    Raises:
+        JobNotFound: No job has this ID.
+    """
+    _, desc = await describe_run(client, workflow_id)
+    first_run = desc.raw_description.workflow_execution_info.first_run_id or desc.run_id
+    async for event in client.get_workflow_handle(workflow_id, run_id=first_run).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            [value] = await client.data_converter.decode(payloads[:1])
+            return S3BatchInput.model_validate(value)
+    raise ClientError(f"the history of job {workflow_id!r} has no start event")
+
+
+def _read_report(bucket: str, key: str) -> StoredReport | None:
+    found = stored_report.find_report(make_client(), bucket, key)
+    return None if found is None else StoredReport(bucket, key, *found)
+
+
+def copy_report(report: StoredReport, copy_key: str) -> None:
+    """Copy ``report`` to ``copy_key`` next to it, if it is still the version read."""
+    # Conditional on the ETag read: the copy is the very report whose failed files were counted.
+    make_client().copy_object(
+        Bucket=report.bucket,
+        Key=copy_key,
+        CopySource={"Bucket": report.bucket, "Key": report.key},
+        CopySourceIfMatch=report.etag,
+    )
+
+
+async def find_report(job: S3BatchInput) -> StoredReport | None:
+    """The report in ``job``'s output layout, or None before a job writing there ended.
+
+    Raises:
+        S3BatchError: S3 refused the read, or the object there is not a job report
+            (see :func:`s3batch.report.find_report`).
+    """
+    return await asyncio.to_thread(_read_report, job.output_bucket, layout.report_key(job.output_prefix))
+
+
+async def report(client: Client, workflow_id: str) -> StoredReport:
+    """The report of a finished job, as written to S3.
+
+    Raises:
+        JobNotFound: No job has this ID.
+        ReportNotFound: The job has not ended yet (the report is written when it does).
+    """
+    job = await job_input(client, workflow_id)
+    found = await find_report(job)
+    if found is None:
+        raise ReportNotFound(
+            f"no report at s3://{job.output_bucket}/{layout.report_key(job.output_prefix)} yet: the report is "
+            f"written when the job ends (see `s3batch status {workflow_id}`)"
+        )
+    return found
