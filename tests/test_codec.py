@@ -36,19 +36,18 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from s3batch import codec as codec_mod
+from s3batch import codec_server as codec_mod
 from s3batch.codec import (
     DECRYPTION_FAILED,
     PLAINTEXT_REFUSED,
     UNKNOWN_KEY,
-    CodecServer,
     EncryptionCodec,
     KeyringError,
-    ServerConfig,
     key_id,
     keys_from_env,
     parse_key,
 )
+from s3batch.codec_server import CodecServer, ServerConfig
 from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin

@@ -39,7 +39,8 @@ from temporalio.converter import (
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
-from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, CodecServer, EncryptionCodec, ServerConfig, key_id
+from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, EncryptionCodec, key_id
+from s3batch.codec_server import CodecServer, ServerConfig
 from s3batch.dev.stack import Stack, StackConfig
 from s3batch.models import S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin, _converter
