@@ -309,62 +309,70 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", default=os.environ.get("S3BATCH_STACK_DIR", ".stack"), help="state directory")
     args = parser.parse_args(argv)
     root = Path(args.root).resolve()
-    state = _state_file(root)
+    commands = {"up": _up, "down": _down, "env": _env, "status": _status}
+    commands[args.command](root, _state_file(root))
 
-    if args.command == "up":
-        if state.exists():
-            saved = json.loads(state.read_text())
-            if all(_pid_alive(p) for p in saved["pids"].values()):
-                print(f"stack already running (state in {root})")
-                return
-        config = StackConfig.from_env(root)
-        for port in (config.temporal_port, config.ui_port, config.s3_port):
-            if not port_free(port):
-                sys.exit(f"port {port} on 127.0.0.1 is in use: set S3BATCH_TEMPORAL_PORT/S3BATCH_UI_PORT/"
-                         "S3BATCH_S3_PORT/S3BATCH_WEED_BASE_PORT to free ports")
-        stack = Stack(config)
-        try:
-            stack.start()
-        except Exception:
-            stack.stop()
-            raise
-        cfg = asdict(config)
-        cfg["root"] = str(root)
-        state.write_text(json.dumps({"config": cfg, "pids": {n: p.pid for n, p in stack.procs.items()}}))
-        print(f"Temporal server  {config.temporal_address}   Web UI {config.ui_url}")
-        print(f"S3 (SeaweedFS)   {config.s3_endpoint}   data in {root / 's3data'}")
-    elif args.command == "down":
-        if not state.exists():
-            print("no stack running")
-            return
+
+def _up(root: Path, state: Path) -> None:
+    if state.exists():
         saved = json.loads(state.read_text())
-        for name, pid in saved["pids"].items():
+        if all(_pid_alive(p) for p in saved["pids"].values()):
+            print(f"stack already running (state in {root})")
+            return
+    config = StackConfig.from_env(root)
+    for port in (config.temporal_port, config.ui_port, config.s3_port):
+        if not port_free(port):
+            sys.exit(f"port {port} on 127.0.0.1 is in use: set S3BATCH_TEMPORAL_PORT/S3BATCH_UI_PORT/"
+                     "S3BATCH_S3_PORT/S3BATCH_WEED_BASE_PORT to free ports")
+    stack = Stack(config)
+    try:
+        stack.start()
+    except Exception:
+        stack.stop()
+        raise
+    cfg = asdict(config)
+    cfg["root"] = str(root)
+    state.write_text(json.dumps({"config": cfg, "pids": {n: p.pid for n, p in stack.procs.items()}}))
+    print(f"Temporal server  {config.temporal_address}   Web UI {config.ui_url}")
+    print(f"S3 (SeaweedFS)   {config.s3_endpoint}   data in {root / 's3data'}")
+
+
+def _down(root: Path, state: Path) -> None:
+    if not state.exists():
+        print("no stack running")
+        return
+    saved = json.loads(state.read_text())
+    for name, pid in saved["pids"].items():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not _pid_alive(pid):
+                break
+            time.sleep(0.1)
+        else:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-            for _ in range(100):
-                if not _pid_alive(pid):
-                    break
-                time.sleep(0.1)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            print(f"stopped {name}")
-        state.unlink()
-    elif args.command == "env":
-        config = StackConfig.from_env(root)
-        if state.exists():
-            cfg = json.loads(state.read_text())["config"]
-            cfg["root"] = Path(cfg["root"])
-            config = StackConfig(**cfg)
-        for key, value in config.env().items():
-            print(f"export {key}={value}")
-    else:
-        if not state.exists():
-            print("no stack running")
-            return
-        saved = json.loads(state.read_text())
-        for name, pid in saved["pids"].items():
-            print(f"{name}: pid {pid} {'running' if _pid_alive(pid) else 'dead'}")
+                os.killpg(pid, signal.SIGKILL)
+        print(f"stopped {name}")
+    state.unlink()
+
+
+def _env(root: Path, state: Path) -> None:
+    config = StackConfig.from_env(root)
+    if state.exists():
+        cfg = json.loads(state.read_text())["config"]
+        cfg["root"] = Path(cfg["root"])
+        config = StackConfig(**cfg)
+    for key, value in config.env().items():
+        print(f"export {key}={value}")
+
+
+def _status(root: Path, state: Path) -> None:
+    if not state.exists():
+        print("no stack running")
+        return
+    saved = json.loads(state.read_text())
+    for name, pid in saved["pids"].items():
+        print(f"{name}: pid {pid} {'running' if _pid_alive(pid) else 'dead'}")
 
 
 def _pid_alive(pid: int) -> bool:
