@@ -62,6 +62,15 @@ audit:
 	  [ $$status -eq 0 ] || exit $$status; \
 	done
 
+# The worker image built and run for real on a Docker engine (scripts/container/test.sh; docs/DEPLOY.md):
+# an engine (Debian's docker.io, installed and started where none runs; root and apt-get needed, else
+# skipped with a message), the Debian base image built once and cached, the worker image, then
+# tests/test_container.py against the local test stack. Stops the engine it started and removes what
+# it built but the cached base. CONTAINER_TEST_ARGS: extra pytest arguments (e.g. -k kill).
+.PHONY: test-container
+test-container: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/container/test.sh $(CONTAINER_TEST_ARGS)
+
 stack-up: $(STAMP)
 	$(BIN)/s3batch-stack up
 
