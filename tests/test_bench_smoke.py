@@ -52,7 +52,8 @@ def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     assert history["largest_run_events"] > 0 and history["largest_run_bytes"] > 0
     # The file was sampled mid-flight (its checkpoint seen at least once) and the cancel closed the job.
     responsive = results["8_responsiveness"]["current"]
-    assert responsive["checkpoint_changes"] >= 0 and responsive["status"] == "CANCELED"
-    assert 0 <= responsive["stopped_s"] <= responsive["closed_s"]
+    assert responsive["checkpoint_changes"] >= 0 and responsive["all_cancelled"]
+    assert [c["status"] for c in responsive["cancels"]] == ["CANCELED"] * data["sizes"]["resp_cancels"]
+    assert all(0 <= c["stopped_s"] <= c["closed_s"] for c in responsive["cancels"])
     for case in results.values():
         assert {"wall_s", "cores_busy_others"} <= set(case["load"])
