@@ -29,9 +29,9 @@ from typing import Annotated, Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from s3batch.errors import UnknownHandler
+from s3batch.formats.common import Record
 from s3batch.jsonvalues import encode_json
 from s3batch.models import describe_validation_error
-from s3batch.records import Record
 
 
 class Reject(NamedTuple):

@@ -21,17 +21,8 @@ is kept as it is.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import re
 from urllib.parse import unquote
-
-CHECKPOINT_METADATA = "s3batch-checkpoint"
-"""User-metadata entry of every part object: the checkpoint committed with the part's data."""
-
-CHECKPOINT_MAC_METADATA = "s3batch-checkpoint-mac"
-"""User-metadata entry next to the checkpoint when the workers have a checkpoint secret: its HMAC."""
 
 MAX_KEY_BYTES = 1024
 """S3's limit on the length of a key (UTF-8 bytes)."""
@@ -156,31 +147,3 @@ def output_kind(name: str) -> tuple[str, int] | None:
     """``("part" | "rejects", chunk)`` of an output object name in a file's folder, or None."""
     match = _OUTPUT_RE.fullmatch(name)
     return (match.group(1), int(match.group(2))) if match else None
-
-
-def fingerprint(*, fmt: str, gzip: bool, handler: str, chunk_records: int, max_record_bytes: int) -> str:
-    """Hash of the options that shape a file's output; parts from other options are not reused."""
-    shape = {
-        "v": 1,
-        "format": fmt,
-        "gzip": gzip,
-        "handler": handler,
-        "chunk_records": chunk_records,
-        "max_record_bytes": max_record_bytes,
-    }
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def checkpoint_mac(secret: bytes, bucket: str, key: str, checkpoint: str) -> str:
-    """HMAC-SHA256 (hex) of the checkpoint metadata ``checkpoint`` stored on ``bucket/key``.
-
-    The object's bucket and key are part of what is authenticated, so a valid checkpoint copied onto
-    another file's part, another chunk or a rejects object does not verify there.
-    """
-    message = b"\0".join((b"s3batch checkpoint v1", bucket.encode(), key.encode(), checkpoint.encode()))
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def checkpoint_mac_ok(secret: bytes, bucket: str, key: str, checkpoint: str, mac: str | None) -> bool:
-    """Whether ``mac`` is the HMAC of ``checkpoint`` on ``bucket/key`` (compared in constant time)."""
-    return mac is not None and hmac.compare_digest(checkpoint_mac(secret, bucket, key, checkpoint), mac)

@@ -364,32 +364,6 @@ class ProcessGroupInput(_Model):
         return [first, *(first.model_copy(update={"obj": obj}) for obj in self.more)]
 
 
-class Checkpoint(_Model):
-    """Progress of one file: sent as heartbeat details and stored on every committed part.
-
-    Positions and counters only, never record contents.
-    """
-
-    next_record: int = 0
-    """Records of this file fully processed and written."""
-    byte_offset: int | None = 0
-    """Where the next record starts in the raw object; None for compressed objects."""
-    line: int = 1
-    """Physical line number where the next record starts (for reject messages)."""
-    chunk: int = 0
-    """Index of the next chunk to write."""
-    etag: str
-    version_id: str | None = None
-    fingerprint: str
-    """Hash of the options that shape the output; parts written under other options are not reused."""
-    records_written: int = 0
-    rejected: int = 0
-    dropped: int = 0
-    """Records the handler dropped (a record handler returning None): neither written nor rejected."""
-    done: bool = False
-    """True on the checkpoint of the final part: the whole file is written."""
-
-
 class FileResult(_Model):
     """Outcome of one file, as listed in the job report."""
 

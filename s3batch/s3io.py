@@ -243,6 +243,34 @@ class RangedReader(io.RawIOBase):
         super().close()
 
 
+def strip_etag(etag: str) -> str:
+    """An ETag as S3 lists it, without its quotes."""
+    return etag.strip('"')
+
+
+def any_object(client: S3Client, bucket: str, prefix: str) -> bool:
+    """Whether any object exists under ``prefix`` (one LIST of at most one key)."""
+    try:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing", bucket, prefix)
+    return bool(listed.get("KeyCount") or listed.get("Contents"))
+
+
+def list_folder(client: S3Client, bucket: str, folder: str) -> dict[str, str]:
+    """The objects directly in ``folder`` (an output folder), as ``{name: etag}`` (paginated LIST)."""
+    found: dict[str, str] = {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+            for item in page.get("Contents", []):
+                name = item["Key"][len(folder) :]
+                if "/" not in name:
+                    found[name] = strip_etag(item["ETag"])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, folder)
+    return found
+
+
 def head_pinned(client: S3Client, bucket: str, key: str, *, etag: str, version_id: str | None = None) -> dict[str, Any]:
     """HEAD ``bucket/key`` on condition that it still has ``etag`` (and ``version_id``, when given).
 

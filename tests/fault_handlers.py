@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler, record_handler
-from s3batch.records import Record
 
 _DELAY = float(os.environ.get("S3BATCH_TEST_HANDLER_DELAY", "0.05"))
 

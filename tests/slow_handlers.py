@@ -9,8 +9,8 @@ import os
 import time
 from collections.abc import Sequence
 
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler
-from s3batch.records import Record
 
 _DELAY = float(os.environ.get("S3BATCH_TEST_HANDLER_DELAY", "0.05"))
 

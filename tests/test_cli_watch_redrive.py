@@ -18,12 +18,13 @@ from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
 from s3batch import layout
+from s3batch.checkpoint import Checkpoint
 from s3batch.cli.watch import Sample, eta, sample_of, throughput, watch_renderable
 from s3batch.client import InFlightFile, JobView
 from s3batch.dev.sample_data import customers_csv, upload_chunks
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler
-from s3batch.models import Checkpoint, Progress, S3BatchResult
-from s3batch.records import Record
+from s3batch.models import Progress, S3BatchResult
 from tests.helpers import run, wait_for
 from tests.helpers.output import read_jsonl
 

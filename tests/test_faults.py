@@ -36,6 +36,7 @@ from temporalio.worker import Worker
 import tests.fault_handlers
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
 from s3batch import layout
+from s3batch.checkpoint import CHECKPOINT_METADATA
 from s3batch.dev import stack as devstack
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
@@ -102,7 +103,7 @@ def snapshot(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, str]]:
     found = {}
     for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
         head = s3.head_object(Bucket=bucket, Key=item["Key"])
-        found[item["Key"]] = (head["ETag"], head["Metadata"].get(layout.CHECKPOINT_METADATA, ""))
+        found[item["Key"]] = (head["ETag"], head["Metadata"].get(CHECKPOINT_METADATA, ""))
     return found
 
 

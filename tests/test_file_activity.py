@@ -21,10 +21,11 @@ from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from s3batch import layout
+from s3batch import checkpoint, layout
+from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, record_handler, register
-from s3batch.models import Checkpoint, FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
-from s3batch.records import Record
+from s3batch.models import FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
 from s3batch.s3io import make_client
 
 OUT_PREFIX = "out/"
@@ -134,7 +135,7 @@ def stored_checkpoint(s3: Any, out: str, key: str, chunk: int) -> dict[str, Any]
         if err.response["Error"]["Code"] in {"404", "NoSuchKey", "NotFound"}:
             return None
         raise
-    return json.loads(head["Metadata"][layout.CHECKPOINT_METADATA])
+    return json.loads(head["Metadata"][CHECKPOINT_METADATA])
 
 
 class Counting:
@@ -183,7 +184,7 @@ def test_multi_chunk_csv_writes_each_record_once_with_checkpoints(s3: Any, bucke
     data, rows, starts = make_csv(n)
     obj = upload(s3, src, "in/data.csv", data)
     req = file_input(buckets, obj, chunk_records=500)
-    fingerprint = layout.fingerprint(
+    fingerprint = checkpoint.fingerprint(
         fmt="csv", gzip=False, handler="passthrough", chunk_records=500, max_record_bytes=1024 * 1024
     )
     checked: list[int] = []
@@ -316,7 +317,7 @@ def test_parts_written_under_other_options_are_not_reused(s3: Any, buckets: tupl
     assert output_keys(s3, out, obj.key) == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
     assert part_rows(s3, out, obj.key) == rows
     assert (result.resumed_from_record, result.chunks) == (0, 3)
-    assert stored_checkpoint(s3, out, obj.key, 2)["fingerprint"] == layout.fingerprint(  # type: ignore[index]
+    assert stored_checkpoint(s3, out, obj.key, 2)["fingerprint"] == checkpoint.fingerprint(  # type: ignore[index]
         fmt="jsonl", gzip=False, handler=counter.name, chunk_records=400, max_record_bytes=1024 * 1024
     )
 
@@ -655,7 +656,7 @@ def put_foreign_output(s3: Any, out: str, key: str, chunks: list[int], rejects: 
     """Output objects as another source version of ``key`` writes them (checkpoint with its ETag)."""
     for chunk in chunks:
         cp = Checkpoint(etag="0" * 32, fingerprint="old-version", chunk=chunk + 1, next_record=chunk + 1)
-        meta = {layout.CHECKPOINT_METADATA: cp.model_dump_json()}
+        meta = {CHECKPOINT_METADATA: cp.model_dump_json()}
         s3.put_object(Bucket=out, Key=layout.part_key(OUT_PREFIX, key, chunk), Body=b'{"old": 1}\n', Metadata=meta)
         if chunk in rejects:
             s3.put_object(

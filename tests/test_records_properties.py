@@ -18,8 +18,11 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from s3batch.formats import make_parser
+from s3batch.formats.common import Record
+from s3batch.formats.csv import CsvParser
+from s3batch.formats.jsonl import JsonlParser
 from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
-from s3batch.records import CsvParser, JsonlParser, Record, make_parser
 
 BOM = b"\xef\xbb\xbf"
 

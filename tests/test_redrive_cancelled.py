@@ -21,9 +21,9 @@ from temporalio.exceptions import CancelledError
 from temporalio.worker import Worker
 
 from s3batch import layout
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.jsonvalues import encode_json
-from s3batch.records import Record
 from tests.helpers import run, wait_for
 from tests.helpers.output import report
 from tests.helpers.workers import record_reliability

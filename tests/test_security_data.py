@@ -25,7 +25,9 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from s3batch import layout
+from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA
 from s3batch.config import Settings
+from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, Reject, chunk_handler
 from s3batch.models import (
     FinalReportInput,
@@ -38,7 +40,6 @@ from s3batch.models import (
     S3BatchInput,
     Totals,
 )
-from s3batch.records import Record
 from s3batch.s3io import make_client
 from tests.helpers.history import history_events
 from tests.helpers.output import committed_parts, read_jsonl, report
@@ -423,9 +424,9 @@ def _forge(s3: Any, out: str, key: str, **changes: Any) -> None:
     choosing (here: the file is done), its HMAC entry kept as it was."""
     head = s3.head_object(Bucket=out, Key=key)
     metadata = dict(head["Metadata"])
-    cp = json.loads(metadata[layout.CHECKPOINT_METADATA])
+    cp = json.loads(metadata[CHECKPOINT_METADATA])
     cp.update(changes)
-    metadata[layout.CHECKPOINT_METADATA] = json.dumps(cp)
+    metadata[CHECKPOINT_METADATA] = json.dumps(cp)
     s3.put_object(Bucket=out, Key=key, Body=b'{"forged": true}\n', Metadata=metadata)
 
 
@@ -444,7 +445,7 @@ def test_a_forged_checkpoint_is_not_trusted_with_a_secret(s3: Any, buckets: tupl
     first = _run(acts, "process_file", _file(buckets, obj, chunk_records=10))
     assert first.chunks == 4
     macs = [s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"] for c in range(4)]
-    assert all(layout.CHECKPOINT_MAC_METADATA in m for m in macs)
+    assert all(CHECKPOINT_MAC_METADATA in m for m in macs)
     # Part 1 forged to say the file is complete after 11 records; parts 2 and 3 gone (an attempt crashed).
     _delete_from(s3, out, folder, 2)
     _forge(s3, out, folder + layout.part_name(1), next_record=11, records_written=11, done=True, chunk=2)
@@ -465,7 +466,7 @@ def test_without_a_secret_checkpoints_are_trusted_and_old_parts_resume(s3: Any, 
     folder = layout.file_dir("o/", obj.key)
     _run(plain, "process_file", _file(buckets, obj, chunk_records=10))
     assert all(
-        layout.CHECKPOINT_MAC_METADATA not in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
+        CHECKPOINT_MAC_METADATA not in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
         for c in range(3)
     )
     _delete_from(s3, out, folder, 2)
@@ -477,7 +478,7 @@ def test_without_a_secret_checkpoints_are_trusted_and_old_parts_resume(s3: Any, 
     assert secured.resumed_from_record == 0 and secured.records == 30  # parts without an HMAC: reprocessed
     assert [cp.next_record for cp in committed_parts(s3, out, folder)] == [10, 20, 30]
     assert all(
-        layout.CHECKPOINT_MAC_METADATA in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
+        CHECKPOINT_MAC_METADATA in s3.head_object(Bucket=out, Key=folder + layout.part_name(c))["Metadata"]
         for c in range(3)
     )
     # And without the secret a forged checkpoint is what the next attempt believes.

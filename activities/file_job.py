@@ -1,0 +1,379 @@
+"""One attempt at one file: the chunk loop, its heartbeats, and stopping on a worker shutdown.
+
+Write-then-checkpoint: a chunk's part (data + checkpoint metadata) is written in one PUT, and only
+then heartbeated. Where to resume and how a part is committed: :mod:`s3batch.checkpoint`; reading
+the records: :mod:`s3batch.formats.source`; the handler and the chunk's books: ``handling``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from s3batch.activities.handling import HandlerRun
+from temporalio import activity
+
+from s3batch import layout
+from s3batch.checkpoint import Checkpoint, FileOutput, HeartbeatDetails, fingerprint
+from s3batch.config import Settings
+from s3batch.errors import OutputKeyTooLong, WorkerShutdown
+from s3batch.formats import Parser, resolve_format
+from s3batch.formats.common import Record
+from s3batch.formats.source import GZIP_ERRORS, SourceFile
+from s3batch.handlers import get_handler
+from s3batch.models import FileResult, ProcessFileInput
+from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from mypy_boto3_s3 import S3Client
+
+BEAT_INTERVAL = 1.0
+"""Seconds between two heartbeat calls of one file (see ``FileJob._beat``)."""
+
+# Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
+# and checks for cancellation, so a big chunk is never mistaken for a dead worker.
+_SUB_BATCH = 1_000
+
+
+class _Metrics:
+    """The project's own metrics, next to the SDK's (exported by the worker's Prometheus endpoint)."""
+
+    def __init__(self, handler: str) -> None:
+        meter = activity.metric_meter().with_additional_attributes({"handler": handler})
+        self.records = meter.create_counter("s3batch_records_processed", "Records read and handled", "records")
+        self.rejected = meter.create_counter("s3batch_records_rejected", "Records sent to rejects", "records")
+        self.bytes_read = meter.create_counter("s3batch_bytes_read", "Source bytes consumed", "bytes")
+        self.chunks = meter.create_counter("s3batch_chunks_committed", "Parts written with their checkpoint")
+        self.resumes = meter.create_counter("s3batch_resumes", "File attempts that resumed from a checkpoint")
+        self.checkpoint_age = meter.create_histogram_float(
+            "s3batch_checkpoint_age_seconds",
+            "Age of a file's previous checkpoint when the next one is committed",
+            "s",
+        )
+
+
+def _take(records: Iterator[Record], parser: Parser, want: int, until: int) -> list[Record]:
+    """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``."""
+    batch: list[Record] = []
+    for record in records:
+        batch.append(record)
+        if len(batch) >= want or parser.offset >= until:
+            break
+    return batch
+
+
+class FileJob:
+    """One attempt at one file.
+
+    Args:
+        s3: The S3 client.
+        settings: The worker's settings (allow-lists, ceilings, output encryption, checkpoint secret).
+        req: The file and the job options.
+        heartbeat: The checkpoint found in the last heartbeat details for this file, if any.
+        index: Position of the file in its group; sent along with each heartbeat.
+        fresh: Known to have no output yet (its group's output prefix is empty).
+    """
+
+    def __init__(
+        self,
+        s3: S3Client,
+        settings: Settings,
+        req: ProcessFileInput,
+        heartbeat: Any = None,
+        index: int | None = None,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        self.s3 = s3
+        self.settings = settings
+        self.req = req
+        # A workflow input reaches this activity even when check_job was skipped: check again.
+        check_allowed(settings, "sources", req.bucket, req.obj.key)
+        check_allowed(settings, "outputs", req.output_bucket, req.output_prefix)
+        check_ceilings(settings, req.chunk_records, req.max_record_bytes, f"s3://{req.bucket}/{req.obj.key}")
+        self._heartbeat_hint = heartbeat
+        self._fresh = fresh
+        self._index = index
+        self._beat_at = -BEAT_INTERVAL
+        self._last_commit = time.monotonic()
+        self.obj = req.obj
+        self.where = f"s3://{req.bucket}/{req.obj.key}"
+        self.log_extra = {"s3_key": req.obj.key}
+        self.info = activity.info()
+        self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
+        # Only a registered handler's name becomes a metrics label.
+        self.metrics = _Metrics(req.handler)
+        self.fmt, self.gz = resolve_format(req.obj.key, req.format)
+        self.source = SourceFile(
+            s3,
+            bucket=req.bucket,
+            key=req.obj.key,
+            etag=req.obj.etag,
+            size=req.obj.size,
+            fmt=self.fmt,
+            gz=self.gz,
+            max_record_bytes=req.max_record_bytes,
+        )
+        self.output = FileOutput(
+            s3,
+            bucket=req.output_bucket,
+            output_prefix=req.output_prefix,
+            key=req.obj.key,
+            etag=req.obj.etag,
+            fingerprint=fingerprint(
+                fmt=self.fmt,
+                gzip=self.gz,
+                handler=req.handler,
+                chunk_records=req.chunk_records,
+                max_record_bytes=req.max_record_bytes,
+            ),
+            secret=settings.checkpoint_secret.get_secret_value().encode() or None,
+            put_params=sse_params(settings),
+            log_extra=self.log_extra,
+        )
+        self.dir = self.output.dir
+        self._check_key_length()
+        self.checkpoint: Checkpoint | None = None
+        """The last checkpoint this attempt committed or found committed."""
+        self._source_checked = False
+        self.resumed_from = 0
+        """``next_record`` this attempt started from."""
+
+    def _check_key_length(self) -> None:
+        """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
+        otherwise it would fail at the first chunk with rejects, after writing parts."""
+        # Records are at least one byte each, and deflate expands at most ~1,032 times.
+        max_records = self.obj.size * (1032 if self.gz else 1) + 1
+        # A chunk holds at least one record and may end before chunk_records at the byte budget
+        # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
+        max_chunks = max_records
+        longest = layout.longest_output_key(self.req.output_prefix, self.obj.key, max_chunks)
+        size = len(longest.encode())
+        if size > layout.MAX_KEY_BYTES:
+            raise OutputKeyTooLong(
+                f"the output keys of {self.where} would be up to {size} bytes, over S3's limit of "
+                f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(self.req.output_prefix.encode())} bytes, "
+                f"the source key: {len(layout.encode_key(self.obj.key).encode())} bytes as written, then "
+                f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
+                "Nothing was written for this file."
+            )
+
+    # ---------------------------------------------------------------- resume and result
+
+    def _heartbeat_checkpoint(self) -> Checkpoint | None:
+        if self._heartbeat_hint is None:
+            return None
+        cp = HeartbeatDetails(self._heartbeat_hint).read()
+        if cp is None:
+            activity.logger.warning("ignoring unreadable heartbeat details of %s", self.where, extra=self.log_extra)
+            return None
+        return cp if self.output.is_ours(cp) else None
+
+    def _resume_point(self) -> Checkpoint:
+        start = Checkpoint(
+            etag=self.obj.etag,
+            version_id=self.obj.version_id,
+            fingerprint=self.output.fingerprint,
+            byte_offset=None if self.gz else 0,
+        )
+        return self.output.resume_point(self._heartbeat_checkpoint(), start, fresh=self._fresh)
+
+    def run(self) -> FileResult:
+        cp = self._resume_point()
+        self.checkpoint = cp
+        self.resumed_from = resumed_from = cp.next_record
+        if resumed_from:
+            self.metrics.resumes.add(1)
+            activity.logger.info(
+                "resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk, extra=self.log_extra
+            )
+        if cp.done:
+            self._confirm_source()  # found complete: still one request pinned to the listed version
+        else:
+            cp = self._process_from(cp)
+        self.books.check_records(cp)
+        activity.logger.info(
+            "finished %s: %d records written, %d rejected, %d dropped, %d chunks",
+            self.where,
+            cp.records_written,
+            cp.rejected,
+            cp.dropped,
+            cp.chunk,
+            extra=self.log_extra,
+        )
+        return self.result(cp)
+
+    def result(self, cp: Checkpoint) -> FileResult:
+        """The result of the file, complete at ``cp``."""
+        return FileResult(
+            key=self.obj.key,
+            etag=self.obj.etag,
+            status="succeeded",
+            records=cp.next_record,
+            records_written=cp.records_written,
+            rejected=cp.rejected,
+            dropped=cp.dropped,
+            bytes_read=self.obj.size,
+            chunks=cp.chunk,
+            attempts=self.info.attempt,
+            resumed_from_record=self.resumed_from,
+        )
+
+    def _confirm_source(self) -> None:
+        """Make sure the source still is the listed version (one pinned HEAD, unless a pinned read
+        already succeeded). Raises ``NotFound`` / ``SourceChanged``."""
+        raw = self.source.raw
+        if self._source_checked or (raw is not None and raw.checked):
+            return
+        version = self.checkpoint.version_id if self.checkpoint else self.obj.version_id
+        head_pinned(self.s3, self.req.bucket, self.obj.key, etag=self.obj.etag, version_id=version)
+        self._source_checked = True
+
+    def verify(self, result: FileResult, listed: dict[str, str] | None = None) -> FileResult:
+        """Check that the file's output folder holds exactly its parts ``0..n-1`` and the rejects of
+        the chunks that had rejects, all of this source version and these options; remove anything
+        else (left by another version or options, or by an interrupted cleanup).
+
+        ``listed`` is the folder's listing (name -> ETag) from the group's LIST; without it, or when
+        something seems missing from it, the folder is listed on its own. A missing or foreign part
+        or rejects object is an ``AccountingError`` (see ``FileOutput.stale``).
+        """
+        cp = self.checkpoint
+        if result.status != "succeeded" or cp is None:
+            return result
+        if listed is not None and not all(layout.part_name(c) in listed for c in range(cp.chunk)):
+            listed = None  # the group's LIST did not cover this folder (another key order)
+        if listed is None:
+            listed = list_folder(self.s3, self.req.output_bucket, self.dir)
+        stale = self.output.stale(cp, listed, self.where)
+        if stale:
+            self._confirm_source()
+            delete_keys(self.s3, self.req.output_bucket, [self.dir + name for name in stale])
+            activity.logger.info(
+                "removed %d output objects of %s that were not of this version (e.g. %s)",
+                len(stale),
+                self.where,
+                stale[0],
+                extra=self.log_extra,
+            )
+        return result
+
+    # ---------------------------------------------------------------- the chunk loop
+
+    def _process_from(self, cp: Checkpoint) -> Checkpoint:
+        if not self.gz:
+            return self._chunks_from(cp)
+        try:
+            return self._chunks_from(cp)
+        except GZIP_ERRORS as err:
+            committed = self.checkpoint.next_record if self.checkpoint else 0
+            raise self.source.bad_gzip(err, committed) from None
+
+    def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
+        self.source.version_id = cp.version_id
+        req = self.req
+        sub_batch = min(req.chunk_records, _SUB_BATCH)
+        budget = self.settings.max_chunk_bytes
+        self._beat(cp)
+        with contextlib.ExitStack() as stack:
+            records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
+            lookahead: list[Record] = []
+            chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
+            while True:
+                self._stop_if_asked(cp)
+                # Cancellation is delivered at the end of this block: after the part is written and
+                # checkpointed, never in the middle of a chunk's PUT.
+                with activity.shield_thread_cancel_exception():
+                    output: list[bytes] = []
+                    rejects: list[tuple[int, bytes]] = []
+                    taken = buffered = 0
+                    # A chunk ends after chunk_records records, or once its source bytes or its
+                    # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
+                    # checkpoint is exact either way, and memory stays about the budget.
+                    while taken < req.chunk_records and buffered < budget and parser.offset - chunk_start < budget:
+                        want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
+                        # A sub-batch reads at most 1/16 of the budget, so the output check between
+                        # two of them bounds what a handler's outputs can add.
+                        until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
+                        batch = lookahead + (_take(records, parser, want, until) if want > 0 else [])
+                        lookahead = []
+                        if not batch:
+                            break
+                        taken += len(batch)
+                        buffered += self.books.handle(batch, output, rejects)
+                        self._beat(cp)  # liveness; the SDK throttles what reaches the server
+                    end_offset = None if self.gz else parser.offset
+                    end_line = parser.line
+                    chunk_start = parser.offset
+                    lookahead = list(islice(records, 1))
+                    done = not lookahead
+                    cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
+                    self._beat(cp, force=True)  # every committed checkpoint
+                if done:
+                    return cp
+
+    def _commit(
+        self,
+        cp: Checkpoint,
+        taken: int,
+        output: list[bytes],
+        rejects: list[tuple[int, bytes]],
+        end_offset: int | None,
+        end_line: int,
+        done: bool,
+    ) -> Checkpoint:
+        """Write the chunk's rejects, then its part carrying the new checkpoint (the commit point)."""
+        raw = self.source.raw
+        new = cp.model_copy(
+            update={
+                "next_record": cp.next_record + taken,
+                "byte_offset": end_offset,
+                "line": end_line,
+                "chunk": cp.chunk + 1,
+                # Pinned by the first read on a versioned bucket; later attempts read that version.
+                "version_id": cp.version_id or (raw.version_id if raw is not None else None),
+                "records_written": cp.records_written + len(output),
+                "rejected": cp.rejected + len(rejects),
+                "dropped": cp.dropped + self.books.dropped,
+                "done": done,
+            }
+        )
+        self.books.check_chunk(cp, taken, len(output), len(rejects))
+        self.output.commit(cp, new, output, rejects)
+        self.checkpoint = new
+        now = time.monotonic()
+        metrics = self.metrics
+        metrics.records.add(taken)
+        if rejects:
+            metrics.rejected.add(len(rejects))
+        if new.byte_offset is not None and cp.byte_offset is not None:
+            metrics.bytes_read.add(new.byte_offset - cp.byte_offset)
+        metrics.chunks.add(1)
+        metrics.checkpoint_age.record(now - self._last_commit)
+        self._last_commit = now
+        return new
+
+    def _beat(self, cp: Checkpoint, *, force: bool = False) -> None:
+        """Heartbeat ``cp``: always when forced (a committed checkpoint), else at most every
+        ``BEAT_INTERVAL`` seconds (liveness within a chunk, the start of a file).
+
+        Each call costs about 0.2 ms (a hand-over to the event loop) and the SDK sends at most one
+        per 0.8 x heartbeat timeout anyway.
+        """
+        now = time.monotonic()
+        if force or now - self._beat_at >= BEAT_INTERVAL:
+            self._beat_at = now
+            activity.heartbeat(*HeartbeatDetails(cp, self._index).args())
+
+    def _stop_if_asked(self, cp: Checkpoint) -> None:
+        """At a chunk boundary: hand the file over when the worker is shutting down."""
+        if activity.is_worker_shutdown():
+            self._beat(cp, force=True)
+            activity.logger.info(
+                "worker shutting down: %s stops at record %d", self.where, cp.next_record, extra=self.log_extra
+            )
+            raise WorkerShutdown(f"worker shutting down; {self.where} continues elsewhere from record {cp.next_record}")

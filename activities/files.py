@@ -1,0 +1,214 @@
+"""Processing files: one file, or a group of small files one after the other, and what each
+returns when the job is cancelled meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from s3batch.activities.boundary import unexpected
+from s3batch.activities.file_job import FileJob
+from temporalio import activity
+from temporalio.exceptions import CancelledError
+
+from s3batch import layout
+from s3batch.checkpoint import Checkpoint, HeartbeatDetails
+from s3batch.config import Settings
+from s3batch.errors import S3BatchError
+from s3batch.models import FileResult, ProcessFileInput, ProcessGroupInput
+from s3batch.s3io import any_object, check_allowed, raise_s3_error, strip_etag
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+def process_file(s3: S3Client, settings: Settings, req: ProcessFileInput) -> FileResult:
+    """Process one object chunk by chunk, resuming from the furthest committed checkpoint (the
+    ``s3batch.process_file`` activity)."""
+    info = activity.info()
+    job: FileJob | None = None
+    try:
+        job = FileJob(s3, settings, req, HeartbeatDetails.of(info.heartbeat_details).checkpoint)
+        return job.verify(job.run())
+    except (CancelledError, asyncio.CancelledError):
+        if not _job_cancelled():
+            raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
+        # The job was cancelled: the file's result says how far it got (the workflow records it).
+        cp = job.checkpoint if job is not None else None
+        if job is not None and cp is not None and cp.done:
+            return job.verify(job.result(cp))
+        return _cancelled(req, cp, info.attempt)
+    except S3BatchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - its text may quote record contents
+        raise unexpected(err, f"s3://{req.bucket}/{req.obj.key}") from None
+
+
+def process_group(s3: S3Client, settings: Settings, req: ProcessGroupInput) -> list[FileResult]:
+    """Process small objects one after the other (the ``s3batch.process_group`` activity).
+
+    A file that fails for good (changed, missing, bad format) is reported failed without failing the
+    group; a transient error fails the attempt, and the retry skips the files already done (their
+    final parts are committed). The group's output is checked with one LIST at the end (see
+    ``FileJob.verify``). When the job is cancelled meanwhile, the group returns instead of raising:
+    the files it finished as ``succeeded``, the others as ``cancelled`` (with their checkpoint's
+    counts, where they have one).
+    """
+    info = activity.info()
+    details = info.heartbeat_details
+    beat = HeartbeatDetails.of(details)
+    items = req.items()
+    results: list[FileResult | None] = [None] * len(items)
+    jobs: list[FileJob | None] = [None] * len(items)
+    try:
+        # One LIST for the whole group: on a first run nothing exists under the files' common
+        # output prefix, and no file needs to look for committed parts of its own.
+        check_allowed(settings, "outputs", req.file.output_bucket, req.file.output_prefix)
+        common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
+        fresh = not details and not any_object(s3, req.file.output_bucket, common)
+        for index, item in enumerate(items):
+            hint = beat.checkpoint if index == beat.index else None
+            try:
+                jobs[index] = job = FileJob(s3, settings, item, hint, index, fresh=fresh)
+                results[index] = job.run()
+            except S3BatchError as err:
+                if err.retryable:
+                    raise
+                results[index] = _failed(item, err, info.attempt)
+        return _verify_group(s3, items, jobs, results, info.attempt)
+    except (CancelledError, asyncio.CancelledError):
+        if not _job_cancelled():
+            raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
+        return _cancelled_group(s3, items, jobs, results, info.attempt, beat)
+    except S3BatchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - its text may quote record contents
+        where = f"a group of {len(items)} files from s3://{req.file.bucket}/{req.file.obj.key}"
+        raise unexpected(err, where) from None
+
+
+def _verify_group(
+    s3: S3Client,
+    items: list[ProcessFileInput],
+    jobs: list[FileJob | None],
+    results: list[FileResult | None],
+    attempt: int,
+) -> list[FileResult]:
+    """Check the output of the group's succeeded files with one LIST (see ``FileJob.verify``)."""
+    done = [job.dir for job, r in zip(jobs, results, strict=True) if job and r and r.status == "succeeded"]
+    listings = _list_group_outputs(s3, items[0].output_bucket, done)
+    final: list[FileResult] = []
+    for index, result in enumerate(results):
+        assert result is not None
+        job = jobs[index]
+        if job is not None:
+            try:
+                result = job.verify(result, listings.get(job.dir))
+            except S3BatchError as err:
+                if err.retryable:
+                    raise
+                result = _failed(items[index], err, attempt)
+        final.append(result)
+    return final
+
+
+def _cancelled_group(
+    s3: S3Client,
+    items: list[ProcessFileInput],
+    jobs: list[FileJob | None],
+    results: list[FileResult | None],
+    attempt: int,
+    beat: HeartbeatDetails,
+) -> list[FileResult]:
+    """The group's results when the job is cancelled: the files it finished (checked like any
+    group), and the others ``cancelled`` with the counts of their last checkpoint."""
+    for index, item in enumerate(items):
+        if results[index] is not None:
+            continue
+        job = jobs[index]
+        cp = job.checkpoint if job is not None else None
+        if cp is None and index == beat.index:
+            cp = beat.read()
+        if job is not None and cp is not None and cp.done:
+            # The cancellation arrived just after the file's final part was committed.
+            results[index] = job.result(cp)
+        else:
+            results[index] = _cancelled(item, cp, attempt)
+    activity.logger.info(
+        "job cancelled: group of %d files stops (%d finished)",
+        len(items),
+        sum(1 for r in results if r is not None and r.status != "cancelled"),
+    )
+    # The cancellation has been delivered; nothing more is raised into this thread.
+    return _verify_group(s3, items, jobs, results, attempt)
+
+
+def _list_group_outputs(s3: S3Client, bucket: str, folders: list[str]) -> dict[str, dict[str, str]]:
+    """The objects directly in each of ``folders`` (the output folders of a group's files), as
+    ``{folder: {name: etag}}``, with one paginated LIST over the key range they span.
+
+    The range starts after the first folder and ends after the last one in S3's key order (UTF-8
+    bytes, which is Python's ``str`` order). A server that lists in another order (SeaweedFS lists
+    by path segment) may leave folders out; ``FileJob.verify`` lists such a folder again on its own
+    before it reports anything missing.
+    """
+    found: dict[str, dict[str, str]] = {f: {} for f in folders}
+    if not folders:
+        return found
+    low, high = min(folders), max(folders)
+    outer = min((f for f in folders if high.startswith(f)), key=len)  # the folders enclosing the last
+    common = os.path.commonprefix(folders)  # noqa: RUF071 - S3 prefixes are strings
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": common}
+    if low != common:
+        kwargs["StartAfter"] = low  # a folder is not an object: its keys all sort after it
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(**kwargs):
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                if key > high and not key.startswith(outer):
+                    return found  # past the last folder
+                slash = key.rfind("/") + 1
+                names = found.get(key[:slash])
+                if names is not None:
+                    names[key[slash:]] = strip_etag(item["ETag"])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, common)
+    return found
+
+
+def _job_cancelled() -> bool:
+    """The activity is being cancelled because the job was (not a worker shutdown, a timeout, ...)."""
+    details = activity.cancellation_details()
+    if details is None:
+        return False
+    other = details.worker_shutdown or details.timed_out or details.paused or details.reset or details.not_found
+    return details.cancel_requested and not other
+
+
+def _failed(item: ProcessFileInput, err: S3BatchError, attempt: int) -> FileResult:
+    return FileResult(
+        key=item.obj.key,
+        etag=item.obj.etag,
+        status="failed",
+        attempts=attempt,
+        error=f"{err.type}: {err.message}",
+    )
+
+
+def _cancelled(item: ProcessFileInput, cp: Checkpoint | None, attempt: int) -> FileResult:
+    """A file of a cancelled group that had not finished, with the counts of its last checkpoint."""
+    cp = cp if cp is not None and cp.etag == item.obj.etag else None
+    return FileResult(
+        key=item.obj.key,
+        etag=item.obj.etag,
+        status="cancelled",
+        records=cp.next_record if cp else 0,
+        records_written=cp.records_written if cp else 0,
+        rejected=cp.rejected if cp else 0,
+        dropped=cp.dropped if cp else 0,
+        chunks=cp.chunk if cp else 0,
+        attempts=attempt,
+        error="job cancelled: stopped at a chunk boundary after its last checkpoint",
+    )

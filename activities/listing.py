@@ -1,0 +1,66 @@
+"""Listing the files of a job: a page of a prefix, or a page of the files a redrive takes from a report."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from s3batch.models import ListObjectsInput, ListObjectsResult, ObjectRef
+from s3batch.report import JobReport, redrive_plan
+from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+def list_page(
+    s3: S3Client, bucket: str, prefix: str, page_size: int, continuation_token: str | None
+) -> ListObjectsResult:
+    """One page of ListObjectsV2 under ``prefix``. Folder markers (``key/`` of size 0) are skipped."""
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
+    if continuation_token:
+        kwargs["ContinuationToken"] = continuation_token
+    try:
+        response = s3.list_objects_v2(**kwargs)
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing", bucket, prefix or None)
+    objects = [
+        ObjectRef(key=item["Key"], etag=strip_etag(item["ETag"]), size=item["Size"])
+        for item in response.get("Contents", [])
+        if not (item["Key"].endswith("/") and item["Size"] == 0)
+    ]
+    token = response.get("NextContinuationToken") if response.get("IsTruncated") else None
+    return ListObjectsResult(objects=objects, next_token=token)
+
+
+def list_redrive_page(s3: S3Client, req: ListObjectsInput, report: JobReport) -> ListObjectsResult:
+    """A page of the files to redrive from an earlier job's report, pinned to their current version:
+    those that failed, were cancelled or never started, then, when that job was cancelled before
+    its listing ended, the rest of its listing (from where it stopped).
+
+    Continuation tokens: ``"<n>"`` is the n-th file of the report to redrive, ``"s3:<token>"`` a
+    position in the rest of the listing (``"s3:"`` its start).
+    """
+    keys, rest = redrive_plan(report, req.prefix)
+    token = req.continuation_token or "0"
+    if token.startswith("s3:"):
+        page = list_page(s3, req.bucket, req.prefix, req.page_size, token[3:] or None)
+        return page.model_copy(update={"next_token": None if page.next_token is None else f"s3:{page.next_token}"})
+    start = int(token)
+    objects = []
+    for key in keys[start : start + req.page_size]:
+        try:
+            head = s3.head_object(Bucket=req.bucket, Key=key)
+            objects.append(ObjectRef(key=key, etag=strip_etag(head["ETag"]), size=head["ContentLength"]))
+        except ClientError as err:
+            if not is_missing_object(err):
+                raise_s3_error(err, "reading", req.bucket, key)
+            # Gone since: the file activity reports it as NotFound, like any deleted source.
+            objects.append(ObjectRef(key=key, etag="deleted", size=0))
+    end = start + req.page_size
+    if end < len(keys):
+        next_token: str | None = str(end)
+    else:
+        next_token = None if rest is None else f"s3:{rest}"
+    return ListObjectsResult(objects=objects, next_token=next_token)

@@ -1,0 +1,317 @@
+"""Committing a file's output with its checkpoint, and finding where to resume: the checkpoint, in one place.
+
+A file is processed chunk by chunk. Each chunk's output is one part object (``layout.part_key``),
+written in one PUT that carries the checkpoint after the chunk in its user metadata
+(:data:`CHECKPOINT_METADATA`, with its HMAC in :data:`CHECKPOINT_MAC_METADATA` when the workers have
+a checkpoint secret); the chunk's rejects, if any, are written just before it, with the same
+checkpoint. Only then is the checkpoint heartbeated (:class:`HeartbeatDetails`). A later attempt
+resumes from the furthest of its heartbeat checkpoint and the last contiguous committed part
+(:meth:`FileOutput.resume_point`); a part is reused only when its checkpoint was written for the
+same source version and the same options (:func:`fingerprint`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import BaseModel, ConfigDict, ValidationError
+from temporalio import activity
+
+from s3batch import layout
+from s3batch.errors import AccountingError
+from s3batch.s3io import any_object, is_missing_object, raise_s3_error, strip_etag
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+CHECKPOINT_METADATA = "s3batch-checkpoint"
+"""User-metadata entry of every part object: the checkpoint committed with the part's data."""
+
+CHECKPOINT_MAC_METADATA = "s3batch-checkpoint-mac"
+"""User-metadata entry next to the checkpoint when the workers have a checkpoint secret: its HMAC."""
+
+OutputKind = Literal["part", "rejects"]
+
+
+class Checkpoint(BaseModel):
+    """Progress of one file: sent as heartbeat details and stored on every committed part.
+
+    Positions and counters only, never record contents. Unknown fields are kept (``extra="allow"``):
+    during a rolling upgrade workers of two versions read each other's checkpoints.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=False)
+
+    next_record: int = 0
+    """Records of this file fully processed and written."""
+    byte_offset: int | None = 0
+    """Where the next record starts in the raw object; None for compressed objects."""
+    line: int = 1
+    """Physical line number where the next record starts (for reject messages)."""
+    chunk: int = 0
+    """Index of the next chunk to write."""
+    etag: str
+    version_id: str | None = None
+    fingerprint: str
+    """Hash of the options that shape the output; parts written under other options are not reused."""
+    records_written: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    """Records the handler dropped (a record handler returning None): neither written nor rejected."""
+    done: bool = False
+    """True on the checkpoint of the final part: the whole file is written."""
+
+
+class HeartbeatDetails(NamedTuple):
+    """What a file activity heartbeats: its last checkpoint, and in a group the file's position.
+
+    On the wire (``activity.heartbeat(*details)``): ``[checkpoint]`` for a file, ``[checkpoint,
+    index]`` for the ``index``-th file of a group. The SDK hands the checkpoint back as a plain dict.
+    """
+
+    checkpoint: Any
+    """The checkpoint as sent, or as handed back (a dict: see :meth:`read`); None: none yet."""
+    index: int | None = None
+    """Position of the file in its group (None: a single file)."""
+
+    @classmethod
+    def of(cls, details: Sequence[Any]) -> HeartbeatDetails:
+        """The details of ``activity.info().heartbeat_details`` (empty on a first attempt)."""
+        index = details[1] if len(details) >= 2 and isinstance(details[1], int) else None
+        return cls(details[0] if details else None, index)
+
+    def args(self) -> tuple[Any, ...]:
+        """The arguments of ``activity.heartbeat``."""
+        return (self.checkpoint,) if self.index is None else (self.checkpoint, self.index)
+
+    def read(self) -> Checkpoint | None:
+        """The checkpoint, validated; None when there is none or it is unreadable."""
+        if self.checkpoint is None:
+            return None
+        try:
+            return Checkpoint.model_validate(self.checkpoint)
+        except ValidationError:
+            return None
+
+
+def fingerprint(*, fmt: str, gzip: bool, handler: str, chunk_records: int, max_record_bytes: int) -> str:
+    """Hash of the options that shape a file's output; parts from other options are not reused."""
+    shape = {
+        "v": 1,
+        "format": fmt,
+        "gzip": gzip,
+        "handler": handler,
+        "chunk_records": chunk_records,
+        "max_record_bytes": max_record_bytes,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoint_mac(secret: bytes, bucket: str, key: str, checkpoint: str) -> str:
+    """HMAC-SHA256 (hex) of the checkpoint metadata ``checkpoint`` stored on ``bucket/key``.
+
+    The object's bucket and key are part of what is authenticated, so a valid checkpoint copied onto
+    another file's part, another chunk or a rejects object does not verify there.
+    """
+    message = b"\0".join((b"s3batch checkpoint v1", bucket.encode(), key.encode(), checkpoint.encode()))
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def checkpoint_mac_ok(secret: bytes, bucket: str, key: str, checkpoint: str, mac: str | None) -> bool:
+    """Whether ``mac`` is the HMAC of ``checkpoint`` on ``bucket/key`` (compared in constant time)."""
+    return mac is not None and hmac.compare_digest(checkpoint_mac(secret, bucket, key, checkpoint), mac)
+
+
+class FileOutput:
+    """The output folder of one source file (one version, one set of options) and what is committed there.
+
+    Args:
+        s3: The S3 client.
+        bucket: The output bucket.
+        output_prefix: The job's output prefix.
+        key: The source key.
+        etag: The source version's ETag: checkpoints written for another are not this file's.
+        fingerprint: The options' :func:`fingerprint`.
+        secret: The workers' checkpoint secret (``S3BATCH_CHECKPOINT_SECRET``), or None.
+        put_params: Further ``put_object`` arguments (server-side encryption).
+        log_extra: ``extra`` of the log lines about this file.
+    """
+
+    def __init__(
+        self,
+        s3: S3Client,
+        *,
+        bucket: str,
+        output_prefix: str,
+        key: str,
+        etag: str,
+        fingerprint: str,
+        secret: bytes | None,
+        put_params: dict[str, Any],
+        log_extra: dict[str, Any],
+    ) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.output_prefix = output_prefix
+        self.key = key
+        self.etag = etag
+        self.fingerprint = fingerprint
+        self._secret = secret
+        self._put_params = put_params
+        self._log_extra = log_extra
+        self.dir = layout.file_dir(output_prefix, key)
+        """The folder (ends with ``/``)."""
+        self.known: dict[str, tuple[str, Checkpoint]] = {}
+        """Output objects known to be ours: name -> (ETag, the checkpoint stored on it)."""
+
+    def _key(self, chunk: int, kind: OutputKind) -> str:
+        return (layout.part_key if kind == "part" else layout.rejects_key)(self.output_prefix, self.key, chunk)
+
+    def is_ours(self, cp: Checkpoint) -> bool:
+        """Whether ``cp`` was written for this source version and these options."""
+        return cp.etag == self.etag and cp.fingerprint == self.fingerprint
+
+    def committed(self, chunk: int, kind: OutputKind = "part") -> Checkpoint | bool | None:
+        """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None
+        if absent, False if it was written for another source version or other options, or, with a
+        checkpoint secret, when its HMAC is missing or wrong."""
+        key = self._key(chunk, kind)
+        try:
+            head = self.s3.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as err:
+            if is_missing_object(err):
+                return None
+            raise_s3_error(err, "reading", self.bucket, key)
+        except BotoCoreError as err:
+            raise_s3_error(err, "reading", self.bucket, key)
+        metadata = head.get("Metadata", {})
+        raw = metadata.get(CHECKPOINT_METADATA)
+        if (
+            raw
+            and self._secret is not None
+            and not checkpoint_mac_ok(self._secret, self.bucket, key, raw, metadata.get(CHECKPOINT_MAC_METADATA))
+        ):
+            # Written without the workers' secret (by an older release, a worker without the secret,
+            # or whoever else can write the output prefix): never trusted, the chunk is processed
+            # again and the object replaced.
+            activity.logger.warning(
+                "%s carries a checkpoint without a valid HMAC (S3BATCH_CHECKPOINT_SECRET): not reused",
+                f"s3://{self.bucket}/{key}",
+                extra=self._log_extra,
+            )
+            return False
+        try:
+            cp = Checkpoint.model_validate_json(raw) if raw else None
+        except ValidationError:
+            cp = None
+        if cp is None or not self.is_ours(cp) or cp.chunk != chunk + 1:
+            return False
+        self.known[key[len(self.dir) :]] = (strip_etag(head.get("ETag", "")), cp)
+        return cp
+
+    def resume_point(self, heartbeat: Checkpoint | None, start: Checkpoint, *, fresh: bool) -> Checkpoint:
+        """The furthest of the heartbeat checkpoint (or ``start`` without one) and the last
+        contiguous committed part.
+
+        The heartbeat is throttled, so after a crash the parts written since the last heartbeat
+        that reached the server are found by probing part ``n``, ``n+1``... until one is missing or
+        was written for another source version or other options. Nothing is deleted here: output
+        that is not this version's is overwritten or removed once the file is done (and the source
+        confirmed), so a deleted or changed source never costs committed output.
+
+        Args:
+            heartbeat: This file's checkpoint from the last heartbeat details, if it is ours.
+            start: The checkpoint of a file not started yet.
+            fresh: Known to have no output yet (its group's output prefix is empty).
+        """
+        cp = heartbeat
+        if cp is None:
+            cp = start
+            if fresh or not any_object(self.s3, self.bucket, self.dir):
+                return cp  # a fresh file: nothing to probe (the common case, one request)
+        while not cp.done:
+            found = self.committed(cp.chunk)
+            if not isinstance(found, Checkpoint):
+                break
+            cp = found.model_copy(update={"version_id": cp.version_id or found.version_id})
+        return cp
+
+    def commit(self, cp: Checkpoint, new: Checkpoint, output: list[bytes], rejects: list[tuple[int, bytes]]) -> None:
+        """Write chunk ``cp.chunk``: its rejects (``(line, JSON line)``, put in file order), then its
+        part carrying the new checkpoint ``new`` (the commit point)."""
+        if rejects:
+            rejects.sort(key=lambda r: r[0])  # parser and handler rejects, in file order
+            self._put(self._key(cp.chunk, "rejects"), b"".join(line + b"\n" for _, line in rejects), new)
+        self._put(self._key(cp.chunk, "part"), b"\n".join(output) + b"\n" if output else b"", new)
+
+    def _put(self, key: str, body: bytes, cp: Checkpoint) -> None:
+        raw = cp.model_dump_json()
+        metadata = {CHECKPOINT_METADATA: raw}
+        if self._secret is not None:
+            metadata[CHECKPOINT_MAC_METADATA] = checkpoint_mac(self._secret, self.bucket, key, raw)
+        try:
+            response = self.s3.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentType="application/x-ndjson",
+                **self._put_params,
+                Metadata=metadata,
+            )
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "writing", self.bucket, key)
+        self.known[key[len(self.dir) :]] = (strip_etag(response.get("ETag", "")), cp)
+
+    def ours(self, name: str, chunk: int, kind: OutputKind, etag: str | None) -> Checkpoint | None:
+        """The checkpoint of output ``name`` (listed with ``etag``) when it is this version's, else None.
+
+        It is when its ETag is the one this attempt wrote or read it with, else when the checkpoint
+        stored on it says so (one HEAD: parts written by an earlier attempt).
+        """
+        if etag is None:
+            return None
+        known = self.known.get(name)
+        if known is not None and known[0] == etag:
+            return known[1]
+        found = self.committed(chunk, kind)
+        return found if isinstance(found, Checkpoint) else None
+
+    def stale(self, cp: Checkpoint, listed: dict[str, str], where: str) -> list[str]:
+        """Check that the folder (``listed``: name -> ETag) holds the parts ``0..n-1`` of the final
+        checkpoint ``cp`` and the rejects of the chunks that had rejects, all this version's; return
+        the names of the other output objects in it (left by another version or options, or by an
+        interrupted cleanup), to remove.
+
+        Raises:
+            AccountingError: A part or rejects object is missing or not this version's.
+        """
+        n = cp.chunk
+        expected: set[str] = set()
+        previous_rejected = 0
+        problems: list[str] = []
+        for chunk in range(n):
+            name = layout.part_name(chunk)
+            expected.add(name)
+            part_cp = self.ours(name, chunk, "part", listed.get(name))
+            if part_cp is None:
+                problems.append(f"{name} is {'missing' if name not in listed else 'not of this version'}")
+                continue
+            if part_cp.rejected > previous_rejected:
+                rejects = layout.rejects_name(chunk)
+                expected.add(rejects)
+                if self.ours(rejects, chunk, "rejects", listed.get(rejects)) is None:
+                    problems.append(f"{rejects} is {'missing' if rejects not in listed else 'not of this version'}")
+            previous_rejected = part_cp.rejected
+        if problems:
+            raise AccountingError(
+                f"accounting error in the output of {where} under s3://{self.bucket}/{self.dir}: "
+                f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version). The output was changed "
+                "while the file was processed, or this is a bug in s3batch; process the file again "
+                "(a redrive) and report it if it repeats."
+            )
+        return sorted(name for name in listed if layout.output_index(name) is not None and name not in expected)

@@ -1,0 +1,65 @@
+"""Reading records: the formats s3batch reads, and how a file's format is told from its key.
+
+Parsers: :class:`s3batch.formats.csv.CsvParser`, :class:`s3batch.formats.jsonl.JsonlParser` (each
+yields :class:`s3batch.formats.common.Record` s and knows where the next record starts); opening a
+file on S3 at a checkpoint (gzip, the CSV header on resume): :mod:`s3batch.formats.source`.
+"""
+
+from __future__ import annotations
+
+from typing import IO
+
+from s3batch.errors import UnknownFormatError
+from s3batch.formats.common import ParsedFormat
+from s3batch.formats.csv import CsvParser
+from s3batch.formats.jsonl import JsonlParser
+
+# Only comma-separated files are recognised: nothing downstream passes a delimiter to the parser, so
+# auto-detecting ``.tsv`` as CSV would silently parse tab-separated rows as one-column records.
+_CSV_EXTENSIONS = (".csv",)
+_JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
+
+
+def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
+    """Return ``(format, gzip)`` for an object key.
+
+    Args:
+        key: The object key; a ``.gz`` suffix means gzip.
+        fmt: ``csv``, ``jsonl`` or ``auto`` (pick by extension).
+
+    Raises:
+        UnknownFormatError: ``fmt`` is ``auto`` and the extension is not recognised.
+    """
+    lowered = key.lower()
+    gz = lowered.endswith(".gz")
+    base = lowered[:-3] if gz else lowered
+    if fmt == "csv" or fmt == "jsonl":
+        return fmt, gz
+    if fmt != "auto":
+        raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl' or 'auto'")
+    if base.endswith(_CSV_EXTENSIONS):
+        return "csv", gz
+    if base.endswith(_JSONL_EXTENSIONS):
+        return "jsonl", gz
+    raise UnknownFormatError(
+        f"cannot tell the format of {key!r} from its extension (expected .csv, .jsonl, .ndjson or "
+        ".json, optionally .gz); set format to 'csv' or 'jsonl' in the job input"
+    )
+
+
+Parser = CsvParser | JsonlParser
+
+
+def make_parser(
+    fmt: ParsedFormat,
+    stream: IO[bytes],
+    *,
+    offset: int = 0,
+    line: int = 1,
+    header: list[str] | None = None,
+    max_line_bytes: int = 8 * 1024 * 1024,
+) -> Parser:
+    """Build the parser for ``fmt`` reading ``stream`` from ``offset``."""
+    if fmt == "csv":
+        return CsvParser(stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes)
+    return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)
