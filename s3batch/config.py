@@ -23,7 +23,7 @@ from s3batch import TASK_QUEUE
 class Settings(BaseSettings):
     """s3batch settings; a bad value fails at start-up with the variable's name."""
 
-    model_config = SettingsConfigDict(env_prefix="S3BATCH_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="S3BATCH_", extra="ignore", use_attribute_docstrings=True)
 
     task_queue: str = TASK_QUEUE
     max_concurrent_files: int = Field(8, ge=1, le=1_000)
