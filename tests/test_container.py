@@ -269,6 +269,24 @@ async def test_docker_kill_resumes_from_the_committed_checkpoint(
     assert_exactly_once(s3, out, "o/big.csv/", rows)
 
 
+def test_every_package_of_the_tree_is_installed_in_the_image() -> None:
+    # The image installs the wheel (not an editable tree): a package missing from pyproject.toml's
+    # [tool.setuptools] packages would be missing here, and the worker or the CLI fail to import.
+    expected = sorted({"s3batch.workflows", "s3batch.activities"} | {
+        ".".join(init.parent.relative_to(CONTEXT).parts) for init in (CONTEXT / "s3batch").rglob("__init__.py")
+    })
+    script = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: importlib.import_module(name)\n"
+        "    except ImportError as e: print(name, e)\n"
+    )
+    missing = docker("run", "--rm", "--network", "none", "--entrypoint", "python", IMAGE, "-c", script, *expected)
+    assert missing == "", f"packages of the source tree that do not import in the image:\n{missing}"
+    cli = docker("run", "--rm", "--network", "none", "--entrypoint", "s3batch", IMAGE, "--help")
+    assert "usage" in cli.lower(), cli
+
+
 def test_image_holds_no_compilers_or_build_caches() -> None:
     # As root, to see every directory; the image's own entrypoint is replaced by a shell.
     script = (
