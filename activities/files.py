@@ -69,7 +69,7 @@ def process_group(s3: S3Client, settings: Settings, req: ProcessGroupInput) -> l
         common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
         fresh = not details and not any_object(s3, req.file.output_bucket, common)
         for index, item in enumerate(items):
-            hint = beat.checkpoint if index == beat.index else None
+            hint = beat.checkpoint if index == beat.group_index else None
             try:
                 jobs[index] = job = FileJob(s3, settings, item, hint, index, fresh=fresh)
                 results[index] = job.run()
@@ -129,7 +129,7 @@ def _cancelled_group(
             continue
         job = jobs[index]
         cp = job.checkpoint if job is not None else None
-        if cp is None and index == beat.index:
+        if cp is None and index == beat.group_index:
             cp = beat.read()
         if job is not None and cp is not None and cp.done:
             # The cancellation arrived just after the file's final part was committed.

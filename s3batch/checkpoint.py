@@ -71,12 +71,12 @@ class HeartbeatDetails(NamedTuple):
     """What a file activity heartbeats: its last checkpoint, and in a group the file's position.
 
     On the wire (``activity.heartbeat(*details)``): ``[checkpoint]`` for a file, ``[checkpoint,
-    index]`` for the ``index``-th file of a group. The SDK hands the checkpoint back as a plain dict.
+    group_index]`` for the ``group_index``-th file of a group. The SDK hands the checkpoint back as a plain dict.
     """
 
     checkpoint: Any
     """The checkpoint as sent, or as handed back (a dict: see :meth:`read`); None: none yet."""
-    index: int | None = None
+    group_index: int | None = None
     """Position of the file in its group (None: a single file)."""
 
     @classmethod
@@ -87,7 +87,7 @@ class HeartbeatDetails(NamedTuple):
 
     def args(self) -> tuple[Any, ...]:
         """The arguments of ``activity.heartbeat``."""
-        return (self.checkpoint,) if self.index is None else (self.checkpoint, self.index)
+        return (self.checkpoint,) if self.group_index is None else (self.checkpoint, self.group_index)
 
     def read(self) -> Checkpoint | None:
         """The checkpoint, validated; None when there is none or it is unreadable."""

@@ -379,11 +379,11 @@ def check_ceilings(settings: Settings, chunk_records: int, max_record_bytes: int
             )
 
 
-def sse_params(settings: Settings) -> dict[str, str]:
+def sse_params(settings: Settings) -> dict[str, Any]:
     """``put_object`` arguments asking for the worker's server-side encryption of outputs (or none)."""
     if not settings.output_sse:
         return {}
-    params = {"ServerSideEncryption": settings.output_sse}
+    params: dict[str, Any] = {"ServerSideEncryption": settings.output_sse}
     if settings.output_kms_key_id:
         params["SSEKMSKeyId"] = settings.output_kms_key_id
     return params

@@ -33,8 +33,10 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
     lowered = key.lower()
     gz = lowered.endswith(".gz")
     base = lowered[:-3] if gz else lowered
-    if fmt == "csv" or fmt == "jsonl":
-        return fmt, gz
+    if fmt == "csv":
+        return "csv", gz
+    if fmt == "jsonl":
+        return "jsonl", gz
     if fmt != "auto":
         raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl' or 'auto'")
     if base.endswith(_CSV_EXTENSIONS):
