@@ -9,8 +9,9 @@ from typing import Any
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 
+from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.client.views import InFlightFile
-from s3batch.models import Checkpoint, ObjectRef, ProcessFileInput
+from s3batch.models import ObjectRef, ProcessFileInput
 
 PROCESS_FILE_ACTIVITY = "s3batch.process_file"
 PROCESS_GROUP_ACTIVITY = "s3batch.process_group"
@@ -33,9 +34,8 @@ def _input_objects(activity_type: str, value: Any) -> list[ObjectRef]:
 def _heartbeat(details: list[Any]) -> tuple[Checkpoint | None, int]:
     """A file activity's last checkpoint and which file of its group it is about (0 for a single
     file); no checkpoint before its first heartbeat."""
-    checkpoint = Checkpoint.model_validate(details[0]) if details else None
-    index = details[1] if len(details) > 1 and isinstance(details[1], int) else 0
-    return checkpoint, index
+    heartbeat = HeartbeatDetails.of(details)
+    return heartbeat.read(), heartbeat.group_index or 0
 
 
 async def _read_objects(client: Client, workflow_id: str, run_id: str, wanted: set[str], cache: ObjectsCache) -> None:

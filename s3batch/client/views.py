@@ -6,7 +6,8 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from s3batch.models import REDRIVE_STATUSES, Checkpoint, Progress, S3BatchInput, S3BatchResult
+from s3batch.checkpoint import Checkpoint
+from s3batch.models import REDRIVE_STATUSES, Progress, S3BatchInput, S3BatchResult
 from s3batch.report import JobReport, ReportFile
 
 
