@@ -554,8 +554,7 @@ async def history_chain(client: Client, wid: str, first_run_id: str | None) -> l
 
 def committed_records(s3: Any, file_prefix: str) -> tuple[int, int]:
     """(contiguous committed parts, next_record of the last one) of one s3batch output file."""
-    from s3batch import layout
-    from s3batch.models import Checkpoint
+    from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 
     parts = records = 0
     while True:
@@ -563,7 +562,7 @@ def committed_records(s3: Any, file_prefix: str) -> tuple[int, int]:
             head = s3.head_object(Bucket=OUT, Key=f"{file_prefix}part-{parts:05d}.jsonl")
         except s3.exceptions.ClientError:
             return parts, records
-        raw = head.get("Metadata", {}).get(layout.CHECKPOINT_METADATA)
+        raw = head.get("Metadata", {}).get(CHECKPOINT_METADATA)
         records = Checkpoint.model_validate_json(raw).next_record if raw else records
         parts += 1
 
@@ -1086,10 +1085,10 @@ async def _responsiveness_run(b: Bench, label: str, env: dict[str, str], cancels
         f"{cancels} cancels: file stopped {stopped}s, workflow closed {closed}s")
     return result
 
+
 def _cancel_cell(r: dict[str, Any], what: str) -> str:
     n = len(r["cancels"])
     return f"{r[what + '_median_s']:.1f}" + (f" (max {r[what + '_max_s']:.1f}, {n} cancels)" if n > 1 else "")
-
 
 
 def _interval_cell(r: dict[str, Any] | None) -> str:
@@ -1245,8 +1244,8 @@ async def bench(args: argparse.Namespace) -> int:
             (4, lambda: case_two_workers(b)),
             (5, lambda: case_memory(b)),
             (6, lambda: case_crash(b)),
-            (8, lambda: case_responsiveness(b)),
             (7, lambda: case_history(b)),
+            (8, lambda: case_responsiveness(b)),
         ]
         for number, step in steps:
             if number not in cases:

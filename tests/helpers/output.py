@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from s3batch import layout
-from s3batch.models import Checkpoint
+from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 
 
 def list_keys(s3: Any, bucket: str, prefix: str = "") -> list[str]:
@@ -42,7 +42,7 @@ def committed_parts(s3: Any, bucket: str, file_prefix: str) -> list[Checkpoint]:
             head = s3.head_object(Bucket=bucket, Key=key)
         except s3.exceptions.ClientError:
             return found
-        found.append(Checkpoint.model_validate_json(head["Metadata"][layout.CHECKPOINT_METADATA]))
+        found.append(Checkpoint.model_validate_json(head["Metadata"][CHECKPOINT_METADATA]))
 
 
 def has_part(s3: Any, bucket: str, file_prefix: str) -> bool:
