@@ -23,6 +23,7 @@ from s3batch.formats.csv import CsvParser, read_csv_header
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.handlers import get_handler
 from s3batch.jsonvalues import encode_json
+from tests.helpers.records import line_ends, walk
 
 BOM = b"\xef\xbb\xbf"
 
@@ -342,7 +343,7 @@ def test_csv_lone_cr_line_ends_are_read_as_the_csv_module_does(step: int) -> Non
     reference = list(csv.DictReader(io.StringIO(data.decode(), newline="")))
     # Reads of `step` bytes at a time: CR/LF pairs and line ends fall on every read boundary.
     parser = CsvParser(TrickleRaw(data, step))  # type: ignore[arg-type]
-    records, bounds = _walk(parser)
+    records, bounds = walk(parser)
     assert [r.value for r in records] == reference
     # A line ends at LF, CRLF or a lone CR; a record's line is the one it starts on.
     assert [r.line for r in records] == [2, 5, 6, 8, 10]
@@ -578,7 +579,7 @@ def test_jsonl_arrays_and_broken_first_lines_are_still_json_lines() -> None:
 def test_jsonl_short_reads_keep_lines_offsets_and_exact_numbers(step: int) -> None:
     data = BOM + b'{"n": 123456789012345678901234567890}\r\n\n[1e400]\n"\xc3\xa9"\n{"bad"\n7'
     parser = JsonlParser(TrickleRaw(data, step))  # type: ignore[arg-type]
-    records, bounds = _walk(parser)
+    records, bounds = walk(parser)
     assert [(r.line, r.value) for r in records] == [
         (1, {"n": 123456789012345678901234567890}),
         (3, [Decimal("1e400")]),
@@ -732,30 +733,14 @@ def _check_against_expected(records: list[Record], expected: list[tuple[int, Any
             assert record.error is not None and record.error.startswith(error), (record, error)
 
 
-def _walk(parser: CsvParser | JsonlParser) -> tuple[list[Record], list[tuple[int, int]]]:
-    """All records, and ``(offset, line)`` after each one."""
-    records, bounds = [], []
-    for record in parser:
-        records.append(record)
-        bounds.append((parser.offset, parser.line))
-    return records, bounds
-
-
-def _line_ends(fmt: str, data: bytes) -> int:
-    """Line ends in ``data``: LF, CRLF or a lone CR in CSV (as the csv module counts them), LF in JSONL."""
-    if fmt == "csv":
-        return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
-    return data.count(b"\n")
-
-
 def _assert_exact_resume(fmt: str, data: bytes, max_line: int) -> int:
     full = make_parser(fmt, io.BytesIO(data), max_line_bytes=max_line)  # type: ignore[arg-type]
-    records, bounds = _walk(full)
+    records, bounds = walk(full)
     header = full.header
     assert full.offset == len(data)
     for i, (offset, line) in enumerate(bounds):
         # What a checkpoint taken after record i would store: resuming there gives the rest, exactly.
-        assert _line_ends(fmt, data[:offset]) + 1 == line or offset == len(data)
+        assert line_ends(fmt, data[:offset]) + 1 == line or offset == len(data)
         resumed = make_parser(
             fmt,  # type: ignore[arg-type]
             io.BytesIO(data[offset:]),
@@ -764,7 +749,7 @@ def _assert_exact_resume(fmt: str, data: bytes, max_line: int) -> int:
             header=header,
             max_line_bytes=max_line,
         )
-        rest, rest_bounds = _walk(resumed)
+        rest, rest_bounds = walk(resumed)
         assert rest == records[i + 1 :], f"resume after record {i} (offset {offset}, line {line})"
         assert rest_bounds == bounds[i + 1 :]
     return len(records)
@@ -805,7 +790,7 @@ def test_jsonl_resume_from_every_record_boundary_is_exact(seed: int) -> None:
 def test_csv_resume_points_of_a_hand_written_file() -> None:
     data = (BOM.decode() + 'id,txt\r\n1,"a\r\nb"\r\n\r\n2,€😀\n3,"x,""y"""\n4,"\n\n"\n').encode()
     parser = CsvParser(io.BytesIO(data))
-    records, bounds = _walk(parser)
+    records, bounds = walk(parser)
     assert [r.line for r in records] == [2, 5, 6, 7]
     ends = [data.index(b'b"\r\n') + 4, data.index("😀\n".encode()) + 5, data.index(b'"""\n') + 4, len(data)]
     assert bounds == [(ends[0], 4), (ends[1], 6), (ends[2], 7), (ends[3], 10)]
@@ -815,7 +800,7 @@ def test_csv_resume_points_of_a_hand_written_file() -> None:
 def test_resume_at_end_with_trailing_blank_lines_yields_nothing() -> None:
     data = b"a,b\n1,2\n\n\r\n"
     parser = CsvParser(io.BytesIO(data))
-    _, bounds = _walk(parser)
+    _, bounds = walk(parser)
     assert bounds == [(8, 3)]
     assert parse_csv(data[8:], offset=8, line=3, header=["a", "b"]) == []
 

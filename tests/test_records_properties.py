@@ -23,6 +23,7 @@ from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
+from tests.helpers.records import line_ends, walk
 
 BOM = b"\xef\xbb\xbf"
 
@@ -65,20 +66,6 @@ def stream(data: bytes, sizes: list[int] | None) -> Any:
 
 
 read_sizes = st.one_of(st.none(), st.lists(st.integers(1, 40), min_size=1, max_size=4))
-
-
-def walk(parser: CsvParser | JsonlParser) -> tuple[list[Record], list[tuple[int, int]]]:
-    records, bounds = [], []
-    for record in parser:
-        records.append(record)
-        bounds.append((parser.offset, parser.line))
-    return records, bounds
-
-
-def line_ends(fmt: str, data: bytes) -> int:
-    if fmt == "csv":
-        return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
-    return data.count(b"\n")
 
 
 # ---------------------------------------------------------------------------------------------- CSV
