@@ -23,6 +23,13 @@ Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invali
 3 the command does not apply to the job in its state: the ID belongs to a job that already finished
 (IDs are never reused; controls need a running job), or ``redrive`` was given a job that is still
 running or has no failed or cancelled files.
+
+The commands are thin: what they do to a job is :mod:`s3batch.client` (usable from Python), what
+they print is here. :mod:`s3batch.cli.jobs` has ``start``, ``status``, ``report``, ``redrive`` and
+``list``; :mod:`s3batch.cli.control` ``pause``, ``resume``, ``set-concurrency`` and ``cancel``;
+:mod:`s3batch.cli.watch` the live view; :mod:`s3batch.cli.render` the tables and the progress bar;
+:mod:`s3batch.cli.output` the consoles, errors and exit codes. Each command module adds its own
+subcommands and flags (``add_*``); :func:`build_parser` puts them in the order of ``--help``.
 """
 
 from __future__ import annotations

@@ -16,9 +16,6 @@ from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_O
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
 from s3batch.models import S3BatchInput, describe_validation_error
 
-Commands = argparse._SubParsersAction  # what add_subparsers() returns
-"""The ``s3batch`` subcommands, to add one to."""
-
 # ------------------------------------------------------------------------------ job flags
 
 
@@ -212,7 +209,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ their flags
 
 
-def add_start(commands: Commands) -> None:
+def add_start(commands: argparse._SubParsersAction) -> None:
     start = commands.add_parser("start", help="start a job (validated locally first)")
     _add_job_flags(start)
     start.add_argument(
@@ -226,21 +223,21 @@ def add_start(commands: Commands) -> None:
     start.set_defaults(func=cmd_start)
 
 
-def add_status(commands: Commands) -> None:
+def add_status(commands: argparse._SubParsersAction) -> None:
     status = commands.add_parser("status", help="progress and in-flight checkpoints of a job")
     status.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
 
-def add_report(commands: Commands) -> None:
+def add_report(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="the report of a finished job, as a table")
     report.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
     report.add_argument("--json", action="store_true", help="the report's JSON as written to S3")
     report.set_defaults(func=cmd_report)
 
 
-def add_redrive(commands: Commands) -> None:
+def add_redrive(commands: argparse._SubParsersAction) -> None:
     redrive = commands.add_parser(
         "redrive", help="start a new job over the files that failed or were cancelled in a finished job"
     )
@@ -252,7 +249,7 @@ def add_redrive(commands: Commands) -> None:
     redrive.set_defaults(func=cmd_redrive)
 
 
-def add_list(commands: Commands) -> None:
+def add_list(commands: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="running and recent jobs")
     listing.add_argument("--running", action="store_true", help="running jobs only")
     listing.add_argument(
