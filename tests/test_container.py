@@ -15,18 +15,18 @@ import json
 import os
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 
-from s3batch import S3BatchInput, S3BatchWorkflow
+from s3batch import S3BatchInput
 from s3batch.errors import WORKER_SHUTDOWN
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv
+from tests.helpers.jobs import start
 from tests.helpers.output import committed_parts, read_jsonl, report
 
 if TYPE_CHECKING:
@@ -139,12 +139,6 @@ def host_uids(pid: int) -> list[int]:
     raise AssertionError(f"no Uid line in /proc/{pid}/status")
 
 
-async def start_job(client: Client, task_queue: str, spec: S3BatchInput) -> WorkflowHandle[Any, Any]:
-    return await client.start_workflow(
-        S3BatchWorkflow.run, spec, id=f"container-{uuid.uuid4().hex[:8]}", task_queue=task_queue
-    )
-
-
 async def test_container_runs_a_job_as_non_root_on_a_read_only_root_and_turns_healthy(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
@@ -166,7 +160,7 @@ async def test_container_runs_a_job_as_non_root_on_a_read_only_root_and_turns_he
     s3.put_object(Bucket=src, Key="in/events.jsonl", Body=jsonl.encode())
     s3.put_object(Bucket=src, Key="in/events2.jsonl.gz", Body=gzip.compress(jsonl.encode()))
     spec = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", chunk_records=1000)
-    handle = await start_job(client, task_queue, spec)
+    handle = await start(client, task_queue, spec, "container")
     result = await asyncio.wait_for(handle.result(), 120)
     assert result.status == "succeeded", worker.logs()
     assert (result.totals.files_succeeded, result.totals.records_written, result.totals.rejected) == (3, 4900, 2)
@@ -202,7 +196,7 @@ async def test_docker_stop_hands_the_file_in_flight_to_another_container(
         bucket=src, output_bucket=out, output_prefix="o/", chunk_records=chunk, handler="slow_passthrough",
         heartbeat_timeout_seconds=60,
     )  # fmt: skip
-    handle = await start_job(client, task_queue, spec)
+    handle = await start(client, task_queue, spec, "container")
     await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4, 90, "4 committed parts")
     second = containers("stop-b", S3BATCH_TEST_HANDLER_DELAY="0.2")
     await second.wait_ready()
@@ -246,7 +240,7 @@ async def test_docker_kill_resumes_from_the_committed_checkpoint(
         bucket=src, output_bucket=out, output_prefix="o/", chunk_records=chunk, handler="slow_passthrough",
         heartbeat_timeout_seconds=5,
     )  # fmt: skip
-    handle = await start_job(client, task_queue, spec)
+    handle = await start(client, task_queue, spec, "container")
     await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 6, 90, "6 committed parts")
     first.kill()
     killed = time.monotonic()

@@ -14,6 +14,7 @@ tests (what both need lives in :mod:`s3batch.dev`).
 - :mod:`tests.helpers.history`: ``history_events``, ``scheduled_activities``;
 - :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
   ``record_reliability`` (rows of docs/RELIABILITY.md);
+- :mod:`tests.helpers.records`: walking a record parser (``walk``, ``line_ends``);
 - :mod:`tests.helpers.faultproxy`: an HTTP fault proxy in front of the S3 server.
 
 The fixtures (the stack, clients, buckets, an in-process worker, ``workers``, ``reliability``) are in
