@@ -118,23 +118,7 @@ class FileJob:
             gz=self.gz,
             max_record_bytes=req.max_record_bytes,
         )
-        self.output = FileOutput(
-            s3,
-            bucket=req.output_bucket,
-            output_prefix=req.output_prefix,
-            key=req.obj.key,
-            etag=req.obj.etag,
-            fingerprint=fingerprint(
-                fmt=self.fmt,
-                gzip=self.gz,
-                handler=req.handler,
-                chunk_records=req.chunk_records,
-                max_record_bytes=req.max_record_bytes,
-            ),
-            secret=settings.checkpoint_secret.get_secret_value().encode() or None,
-            put_params=sse_params(settings),
-            log_extra=self.log_extra,
-        )
+        self.output = self._output(settings)
         self.dir = self.output.dir
         self._check_key_length()
         self.checkpoint: Checkpoint | None = None
@@ -142,6 +126,28 @@ class FileJob:
         self._source_checked = False
         self.resumed_from = 0
         """``next_record`` this attempt started from."""
+
+    def _output(self, settings: Settings) -> FileOutput:
+        """The file's output folder, for this source version and these options."""
+        req = self.req
+        shape = fingerprint(
+            fmt=self.fmt,
+            gzip=self.gz,
+            handler=req.handler,
+            chunk_records=req.chunk_records,
+            max_record_bytes=req.max_record_bytes,
+        )
+        return FileOutput(
+            self.s3,
+            bucket=req.output_bucket,
+            output_prefix=req.output_prefix,
+            key=req.obj.key,
+            etag=req.obj.etag,
+            fingerprint=shape,
+            secret=settings.checkpoint_secret.get_secret_value().encode() or None,
+            put_params=sse_params(settings),
+            log_extra=self.log_extra,
+        )
 
     def _check_key_length(self) -> None:
         """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
