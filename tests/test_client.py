@@ -15,8 +15,9 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a c
 from s3batch import client as api
 from s3batch import layout
 from s3batch.dev.sample_data import customers_csv, upload_chunks
+from s3batch.errors import InvalidInput
 from s3batch.models import S3BatchInput
-from tests.helpers import wait_for
+from tests.helpers import run, wait_for
 
 
 def slow_job(src: str, out: str, **kw: Any) -> S3BatchInput:
@@ -140,3 +141,20 @@ async def test_a_redrive_plan_takes_the_failed_file_and_keeps_the_original_repor
     assert result is not None and (result.totals.files_listed, result.totals.files_failed) == (1, 1)
     stored = await api.report(client, redrive.workflow_id)
     assert [(f.key, f.status) for f in stored.report.files] == [("in/bad.xml", "failed")]
+
+
+async def test_a_report_overwritten_by_something_else_is_refused_by_name_without_a_traceback(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.jsonl", Body=b'{"n": 1}\n')
+    job = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/")
+    wid = (await api.start(client, job, f"garbled-{uuid.uuid4().hex[:8]}", task_queue)).workflow_id
+    assert (await api.outcome(client, wid)).result is not None
+    s3.put_object(Bucket=out, Key="o/_report.json", Body=b"not a report")
+
+    with pytest.raises(InvalidInput, match=f"s3://{out}/o/_report.json is not an s3batch job report"):
+        await api.report(client, wid)
+    r = await run("s3batch", "report", wid)
+    assert r.code == 1 and f"s3://{out}/o/_report.json is not an s3batch job report" in r.stderr, r
+    assert "Traceback" not in r.stderr, r
