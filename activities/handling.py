@@ -17,7 +17,7 @@ from s3batch.errors import AccountingError, BadFile, HandlerError
 from s3batch.formats.common import Record
 from s3batch.handlers import ChunkHandler, HandlerResult, Reject
 from s3batch.jsonvalues import encode_json
-from s3batch.models import describe_validation_error
+from s3batch.validation import describe_validation_error
 
 _JSON_TYPE_ERRORS = ("Type is not JSON serializable: ", "Dict key must be str", "Integer exceeds", "Recursion limit")
 """Beginnings of the TypeErrors of ``encode_json`` that name a type or a limit, never a value."""

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from s3batch.errors import UnknownHandler
 from s3batch.formats.common import Record
 from s3batch.jsonvalues import encode_json
-from s3batch.models import describe_validation_error
+from s3batch.validation import describe_validation_error
 
 
 class Reject(NamedTuple):

@@ -14,7 +14,8 @@ from temporalio.client import Client
 from s3batch import client as api
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
-from s3batch.models import S3BatchInput, describe_validation_error
+from s3batch.models import S3BatchInput
+from s3batch.validation import describe_validation_error
 
 # ------------------------------------------------------------------------------ job flags
 
