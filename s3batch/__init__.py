@@ -11,7 +11,9 @@ is re-exported lazily (importing ``s3batch`` imports none of it), so the modules
 - :mod:`s3batch.handlers`: the handler registry (``passthrough``, ``customers``, your own).
 - :mod:`s3batch.plugin`: :class:`~s3batch.plugin.S3BatchPlugin` for ``plugins=[...]``.
 - :mod:`s3batch.workflows.batch`: ``S3BatchWorkflow``; :mod:`s3batch.activities.s3_activities`:
-  its activities; :mod:`s3batch.worker`: the ``s3batch-worker`` program.
+  its activities; :mod:`s3batch.worker`: the ``s3batch-worker`` program (a runner over the plugin).
+- :mod:`s3batch.config`: ``Settings``, the one reader of the ``S3BATCH_*`` environment.
+- :mod:`s3batch.dev`: developer tooling (the local stack, sample data); no runtime module imports it.
 """
 
 from __future__ import annotations
