@@ -1,0 +1,24 @@
+"""``s3batch start --help``: one flag per field of S3BatchInput, documented by the field's own
+docstring (its pydantic description), with its default."""
+
+from __future__ import annotations
+
+from s3batch.cli.jobs import flag
+from s3batch.models import S3BatchInput
+from tests.helpers import run
+
+
+async def test_start_help_documents_every_job_field_with_its_docstring_and_default():
+    r = await run("s3batch", "start", "--help")
+    assert r.code == 0, r
+    text = " ".join(r.stdout.split())  # argparse wraps long help lines
+    assert "--bucket BUCKET Source bucket. (required)" in text
+    chunk = "Records per chunk: one output part and one checkpoint per chunk. (default: 10000)"
+    assert f"--chunk-records RECORDS {chunk}" in text
+    # reST literal quotes are dropped, whitespace of multi-line docstrings folded.
+    prefix = "Prefix of every output key: {output_prefix}{key}/part-00000.jsonl. (default: '')"
+    assert f"--output-prefix PREFIX {prefix}" in text
+    assert "--format {auto,csv,jsonl} csv (RFC 4180 with a header row), jsonl, or auto to pick by extension" in text
+    for name, info in S3BatchInput.model_fields.items():
+        assert info.description, name  # every field has a docstring to show
+        assert flag(name) in text, name
