@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
             return
     except KeyringError as err:
         parser.exit(2, f"{err}\n")
-    codec_server.serve(parser, args, codec)
+    codec_server.serve(parser, args, codec, settings.codec_token.get_secret_value())
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import copy
 import hmac
 import ipaddress
 import json
-import os
 import socket
 import ssl
 import sys
@@ -261,10 +260,11 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return ctx
 
 
-def read_token(path: str | None) -> str | None:
-    """The bearer token: from ``--token-file`` or ``S3BATCH_CODEC_TOKEN`` (never a command-line
-    value, which other users of the machine could read in the process list)."""
-    text = Path(path).read_text(encoding="utf-8").strip() if path else os.environ.get(TOKEN_ENV, "").strip()
+def read_token(path: str | None, given: str = "") -> str | None:
+    """The bearer token: from ``--token-file``, else ``given`` (``S3BATCH_CODEC_TOKEN``, read by
+    ``Settings``); never a command-line value, which other users of the machine could read in the
+    process list."""
+    text = Path(path).read_text(encoding="utf-8").strip() if path else given.strip()
     if not text:
         return None
     if len(text) < 16 or any(c.isspace() or not c.isprintable() for c in text):
@@ -295,10 +295,14 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-connections", type=int, default=64, help="connections served at once")
 
 
-def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, codec: EncryptionCodec) -> None:
-    """Run the codec server the options describe until interrupted (exits 2 on unusable options)."""
+def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, codec: EncryptionCodec, token_value: str) -> None:
+    """Run the codec server the options describe until interrupted (exits 2 on unusable options).
+
+    Args:
+        token_value: ``S3BATCH_CODEC_TOKEN`` (used without ``--token-file``).
+    """
     try:
-        token = read_token(args.token_file)
+        token = read_token(args.token_file, token_value)
     except (KeyringError, OSError) as err:
         parser.exit(2, f"{err}\n")
     if bool(args.tls_cert) != bool(args.tls_key):

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     encryption_allow_plaintext: str = ""
     """``true``: with a key, accept payloads that are not encrypted (while older jobs still run)."""
 
+    codec_token: SecretStr = SecretStr("")
+    """Bearer token every caller of the codec server (``python -m s3batch.codec serve``) must send."""
+
     @classmethod
     def explicit(cls, **values: Any) -> Settings:
         """These values and the defaults, validated, without reading the environment."""
