@@ -106,7 +106,8 @@ class S3BatchPlugin(SimplePlugin):
             workflow upserts them only when they exist).
         heartbeat_throttle: Longest gap between two heartbeats reaching the server (default
             :data:`DEFAULT_HEARTBEAT_THROTTLE`, 2 s): how soon a cancellation and fresh progress reach
-            a running file. A worker given a shorter throttle keeps its own.
+            a running file. A worker given a shorter throttle keeps its own; for a longer one (fewer
+            heartbeat requests, slower cancellation), give it here.
     """
 
     def __init__(
