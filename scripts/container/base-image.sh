@@ -13,7 +13,8 @@
 # the image's bundle and PIP_CERT points pip at it.
 set -euo pipefail
 
-CACHE=${S3BATCH_CONTAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/s3batch-container}
+# shellcheck source=scripts/container/lib.sh
+. "$(dirname "$0")/lib.sh"
 SUITE=bookworm
 PACKAGES=python3,python3-venv,ca-certificates,passwd
 BUNDLE=/etc/ssl/certs/ca-certificates.crt
@@ -44,14 +45,7 @@ if [ -f "$TARBALL" ]; then
     exit 0
 fi
 
-if ! command -v mmdebstrap >/dev/null 2>&1; then
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        echo "mmdebstrap is missing and cannot be installed (needs root and apt-get)" >&2
-        exit 3
-    fi
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >&2
-fi
+command -v mmdebstrap >/dev/null 2>&1 || apt_install mmdebstrap
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -104,5 +98,10 @@ mmdebstrap --variant=minbase --include="$PACKAGES" --quiet \
     "$SUITE" "$work/root.tar" "$work/debian.sources" >&2
 mv "$work/root.tar" "$TARBALL"
 import
+# Bases of older recipes are never used again.
+for old in "$CACHE"/base-*.tar; do [ "$old" = "$TARBALL" ] || rm -f "$old"; done
+for old in $(docker images --format '{{.Repository}}:{{.Tag}}' s3batch-base); do
+    [ "$old" = "$IMAGE" ] || docker rmi "$old" >/dev/null 2>&1 || true
+done
 echo "base image $IMAGE built in $(( $(date +%s) - started )) s ($(du -m "$TARBALL" | cut -f1) MB tarball)" >&2
 echo "$IMAGE"

@@ -13,7 +13,8 @@
 # Exit status 3 from `start`: no engine can be had here (not root, or no apt-get); the reason is on stderr.
 set -euo pipefail
 
-CACHE=${S3BATCH_CONTAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/s3batch-container}
+# shellcheck source=scripts/container/lib.sh
+. "$(dirname "$0")/lib.sh"
 RUN_DIR=${S3BATCH_CONTAINER_RUN:-/run/s3batch-container}
 SOCK=$RUN_DIR/docker.sock
 PIDFILE=$RUN_DIR/dockerd.pid
@@ -25,13 +26,7 @@ answers() {  # answers HOST: the engine at HOST replies to `docker version`
 
 install_engine() {
     command -v dockerd >/dev/null 2>&1 && command -v docker >/dev/null 2>&1 && return 0
-    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        echo "no Docker engine here and none can be installed (needs root and apt-get)" >&2
-        return 3
-    fi
-    echo "installing Debian's docker.io with apt-get" >&2
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >&2
+    apt_install docker.io
 }
 
 start() {
@@ -71,6 +66,10 @@ stop() {
             kill -KILL "$pid"
         fi
     fi
+    # dockerd leaves its network namespace mounted under the exec root.
+    for mnt in "$RUN_DIR"/exec/netns/*; do
+        if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" || true; fi
+    done
     rm -f "$RUN_DIR/started-here"
     echo "engine stopped" >&2
 }
