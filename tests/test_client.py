@@ -4,6 +4,7 @@ report, list it, redrive its failed file; and the errors each call raises for a 
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -151,6 +152,10 @@ async def test_a_report_overwritten_by_something_else_is_refused_by_name_without
     job = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/")
     wid = (await api.start(client, job, f"garbled-{uuid.uuid4().hex[:8]}", task_queue)).workflow_id
     assert (await api.outcome(client, wid)).result is not None
+    # --json prints the report as written (same keys, same order), read through the typed JobReport.
+    written = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
+    as_json = await run("s3batch", "report", wid, "--json")
+    assert as_json.code == 0 and as_json.stdout == json.dumps(written, indent=2) + "\n", as_json
     s3.put_object(Bucket=out, Key="o/_report.json", Body=b"not a report")
 
     with pytest.raises(InvalidInput, match=f"s3://{out}/o/_report.json is not an s3batch job report"):
