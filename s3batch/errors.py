@@ -12,7 +12,7 @@ Pure Python (no boto3, no I/O): the workflow sandbox imports this module.
 from __future__ import annotations
 
 import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -33,6 +33,10 @@ class S3BatchError(Exception):
     retry_delay: ClassVar[datetime.timedelta | None] = None
     """How soon to retry, overriding the retry policy's backoff (None: the policy's)."""
 
+    crosses_activities: ClassVar[bool] = True
+    """Raised inside activities (and so named in their retry policy). False for the errors of the
+    client API (:mod:`s3batch.client.errors`), which never leave the caller's process."""
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
@@ -41,6 +45,11 @@ class S3BatchError(Exception):
     def type(self) -> str:
         """The error's type name (``type_name``, or the one given to the instance)."""
         return self.type_name
+
+    def file_counts(self) -> dict[str, Any]:
+        """Counts of the file that failed (``FileResult`` fields: records, rejected...), reported with
+        the failure; empty when the error does not know them."""
+        return {}
 
 
 # Non-retryable first, in the order of the retry policy's list (kept as it was written by hand).
@@ -105,6 +114,20 @@ class AccountingError(S3BatchError):
     type_name = "AccountingError"
 
 
+class TooManyRejects(S3BatchError):
+    """A file (``max_rejected_records``, ``max_rejected_ratio``) or the job (``max_rejected_total``)
+    rejected more records than the job allows. The committed output is kept."""
+
+    type_name = "TooManyRejects"
+
+    def __init__(self, message: str, counts: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.counts = counts or {}
+
+    def file_counts(self) -> dict[str, Any]:
+        return dict(self.counts)
+
+
 # Retryable.
 
 
@@ -154,7 +177,9 @@ def _in_order(cls: type[S3BatchError]) -> list[type[S3BatchError]]:
     return found
 
 
-NON_RETRYABLE_TYPES: list[str] = list(dict.fromkeys(c.type_name for c in _in_order(S3BatchError) if not c.retryable))
+NON_RETRYABLE_TYPES: list[str] = list(
+    dict.fromkeys(c.type_name for c in _in_order(S3BatchError) if c.crosses_activities and not c.retryable)
+)
 """The error types no activity retries (for ``RetryPolicy(non_retryable_error_types=...)``)."""
 
 SOURCE_CHANGED = SourceChanged.type_name
@@ -166,6 +191,7 @@ BAD_FILE = BadFile.type_name
 S3_REFUSED = S3Refused.type_name
 OUTPUT_KEY_TOO_LONG = OutputKeyTooLong.type_name
 ACCOUNTING_ERROR = AccountingError.type_name
+TOO_MANY_REJECTS = TooManyRejects.type_name
 S3_ERROR = S3Error.type_name
 HANDLER_ERROR = HandlerError.type_name
 WORKER_SHUTDOWN = WorkerShutdown.type_name

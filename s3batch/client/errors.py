@@ -6,9 +6,17 @@ an :class:`InvalidRequest` 2 and a :class:`WrongJobState` 3.
 
 from __future__ import annotations
 
+from s3batch.errors import S3BatchError
 
-class ClientError(Exception):
-    """A client call that could not be done (no such job, Temporal unreachable, no report yet)."""
+
+class ClientError(S3BatchError):
+    """A client call that could not be done (no such job, Temporal unreachable, no report yet).
+
+    Part of the one hierarchy of :mod:`s3batch.errors`, but never raised inside an activity, so
+    never named in a retry policy."""
+
+    type_name = "ClientError"
+    crosses_activities = False
 
 
 class JobNotFound(ClientError):
