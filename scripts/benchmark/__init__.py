@@ -1,0 +1,1 @@
+"""The benchmark's parts; ``scripts/bench.py`` (``make bench``) runs them."""
