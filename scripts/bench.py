@@ -124,9 +124,69 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-async def bench(args: argparse.Namespace) -> int:
-    from s3batch.dev.stack import Stack, StackConfig, ensure_buckets
+async def connect(stack: Any) -> tuple[Any, Client]:
+    """An S3 client for the data (retrying, 32 connections) with the benchmark's buckets, and a Temporal
+    client with the s3batch plugin, both on ``stack``."""
+    from s3batch.dev.stack import ensure_buckets
     from s3batch.plugin import S3BatchPlugin
+    from s3batch.s3io import make_client
+
+    s3 = boto3.client(
+        "s3", endpoint_url=stack.config.s3_endpoint,
+        config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=32),
+    )
+    ensure_buckets(s3, SRC, OUT)
+    return s3, await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin(make_client())])
+
+
+async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Callable[[], Any]) -> None:
+    """Run the chosen cases in order; a case that fails is a row ``(error)`` and an entry of
+    ``errors``, and the others still run. ``save`` writes the partial results after each case."""
+    sizes = b.sizes
+    if any(c in cases for c in (1, 2, 3, 7)):
+        b.worker("main", b.main_queue, sizes.small_concurrency).wait_ready()
+    if (1 in cases or 2 in cases) and object_size(b.s3, "big/customers.csv") is None:
+        t0 = time.perf_counter()
+        size = put_csv(b.s3, "big/customers.csv", sizes.big_rows)
+        log(f"generated and uploaded big/customers.csv: {sizes.big_rows:,} rows, {size / MB:.1f} MB in "
+            f"{time.perf_counter() - t0:.1f}s")
+    steps: list[tuple[int, Callable[[], Any]]] = [
+        (1, lambda: case_big(b, validate=False)),
+        (2, lambda: case_big(b, validate=True)),
+        (3, lambda: case_small(b)),
+        (4, lambda: case_two_workers(b)),
+        (5, lambda: case_memory(b)),
+        (6, lambda: case_crash(b)),
+        (7, lambda: case_history(b)),
+        (8, lambda: case_responsiveness(b)),
+    ]
+    for number, step in steps:
+        if number not in cases:
+            continue
+        log(f"--- case {number}")
+        try:
+            await step()
+        except Exception as err:  # noqa: BLE001 - one broken case must not lose the others
+            log(f"case {number} FAILED: {type(err).__name__}: {err}")
+            errors[str(number)] = f"{type(err).__name__}: {err}"
+            b.rows.append(Row(f"{number}. (error)", f"{type(err).__name__}: {str(err)[:80]}", "ERROR"))
+        save()
+
+
+def print_summary(payload: dict[str, Any], out: Path) -> None:
+    """The machine, the load, the table (stdout)."""
+    info = payload["machine"]
+    print(f"s3batch benchmark: {info['cpu_count']} x {info['cpu_model']}, Python {info['python']}, "
+          f"temporalio {info['packages']['temporalio']}; load avg {info['loadavg_at_start'][0]:.2f} -> "
+          f"{info['loadavg_at_end'][0]:.2f}; {payload['total_seconds']:.0f}s{' (--quick)' if payload['quick'] else ''}")
+    print()
+    print(table([Row(**r) for r in payload["table"]]))
+    print()
+    print(f"full results: {out}")
+
+
+async def bench(args: argparse.Namespace) -> int:
+    from s3batch.dev.stack import Stack, StackConfig
 
     sizes = replace(QUICK) if args.quick else Sizes()
     if args.heartbeat_timeout:
@@ -167,46 +227,12 @@ async def bench(args: argparse.Namespace) -> int:
         return payload
 
     try:
-        s3 = boto3.client(
-            "s3", endpoint_url=stack.config.s3_endpoint,
-            config=Config(retries={"mode": "standard", "max_attempts": 5}, max_pool_connections=32),
-        )
-        ensure_buckets(s3, SRC, OUT)
-        from s3batch.s3io import make_client
-
-        client = await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin(make_client())])
+        s3, client = await connect(stack)
         main_queue = f"bench-main-{uuid.uuid4().hex[:6]}"
         b = Bench(args, sizes, run_dir, s3, client, main_queue)
         workers = b.workers
         b.results, b.rows = results, rows
-        if any(c in cases for c in (1, 2, 3, 7)):
-            b.worker("main", main_queue, sizes.small_concurrency).wait_ready()
-        if (1 in cases or 2 in cases) and object_size(s3, "big/customers.csv") is None:
-            t0 = time.perf_counter()
-            size = put_csv(s3, "big/customers.csv", sizes.big_rows)
-            log(f"generated and uploaded big/customers.csv: {sizes.big_rows:,} rows, {size / MB:.1f} MB in "
-                f"{time.perf_counter() - t0:.1f}s")
-        steps: list[tuple[int, Callable[[], Any]]] = [
-            (1, lambda: case_big(b, validate=False)),
-            (2, lambda: case_big(b, validate=True)),
-            (3, lambda: case_small(b)),
-            (4, lambda: case_two_workers(b)),
-            (5, lambda: case_memory(b)),
-            (6, lambda: case_crash(b)),
-            (7, lambda: case_history(b)),
-            (8, lambda: case_responsiveness(b)),
-        ]
-        for number, step in steps:
-            if number not in cases:
-                continue
-            log(f"--- case {number}")
-            try:
-                await step()
-            except Exception as err:  # noqa: BLE001 - one broken case must not lose the others
-                log(f"case {number} FAILED: {type(err).__name__}: {err}")
-                errors[str(number)] = f"{type(err).__name__}: {err}"
-                rows.append(Row(f"{number}. (error)", f"{type(err).__name__}: {str(err)[:80]}", "ERROR"))
-            write_json(partial=True)
+        await run_cases(b, cases, errors, lambda: write_json(partial=True))
     finally:
         for w in workers:
             with contextlib.suppress(Exception):
@@ -214,13 +240,7 @@ async def bench(args: argparse.Namespace) -> int:
         stack.stop()
     info["loadavg_at_end"] = os.getloadavg()
     payload = write_json(partial=False)
-    print(f"s3batch benchmark: {info['cpu_count']} x {info['cpu_model']}, Python {info['python']}, "
-          f"temporalio {info['packages']['temporalio']}; load avg {info['loadavg_at_start'][0]:.2f} -> "
-          f"{info['loadavg_at_end'][0]:.2f}; {payload['total_seconds']:.0f}s{' (--quick)' if args.quick else ''}")
-    print()
-    print(table(rows))
-    print()
-    print(f"full results: {out}")
+    print_summary(payload, out)
     if not args.keep:
         shutil.rmtree(run_dir / "stack", ignore_errors=True)
     return 1 if errors else 0

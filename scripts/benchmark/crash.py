@@ -34,6 +34,28 @@ def _crash_env(z: Sizes) -> dict[str, str]:
     return {"S3BATCH_HANDLER_MODULES": "tests.slow_handlers", "S3BATCH_TEST_HANDLER_DELAY": str(z.crash_delay)}
 
 
+async def _start_crash_job(b: Bench, design: str, queue: str, out_prefix: str) -> Any:
+    """The one-file job of case 6, on the naive design or on s3batch; its handle."""
+    z = b.sizes
+    wid = f"bench-crash-{design}-{uuid.uuid4().hex[:6]}"
+    if design == "naive":
+        return await b.client.start_workflow(
+            "BenchNaiveFileWorkflow",
+            {"bucket": SRC, "key": "crash/customers.csv", "out_bucket": OUT, "out_prefix": out_prefix,
+             "chunk": z.crash_chunk, "delay": z.crash_delay, "heartbeat_timeout": z.heartbeat_timeout},
+            id=wid, task_queue=queue, result_type=dict)
+    from s3batch.workflows.batch import S3BatchWorkflow
+
+    from s3batch.models import S3BatchInput
+
+    return await b.client.start_workflow(
+        S3BatchWorkflow.run,
+        S3BatchInput(bucket=SRC, prefix="crash/", output_bucket=OUT, output_prefix=out_prefix,
+                     handler=z.crash_handler, chunk_records=z.crash_chunk, max_concurrent_files=1,
+                     heartbeat_timeout_seconds=z.heartbeat_timeout),
+        id=wid, task_queue=queue)
+
+
 async def _crash_one(b: Bench, design: str) -> dict[str, Any]:
     """SIGKILL the worker of a one-file job once ``kill_fraction`` of the file is written; time the
     restart (attempt 2 running) and the recovery (the next part after the kill point written)."""
@@ -44,24 +66,7 @@ async def _crash_one(b: Bench, design: str) -> dict[str, Any]:
     first = b.worker(f"6-{design}-a", queue, 1, naive=naive, env=env).wait_ready()
     out_prefix = f"6/{design}/"
     file_prefix = f"{out_prefix}crash/customers.csv/" if not naive else out_prefix
-    wid = f"bench-crash-{design}-{uuid.uuid4().hex[:6]}"
-    if naive:
-        handle = await b.client.start_workflow(
-            "BenchNaiveFileWorkflow",
-            {"bucket": SRC, "key": "crash/customers.csv", "out_bucket": OUT, "out_prefix": out_prefix,
-             "chunk": z.crash_chunk, "delay": z.crash_delay, "heartbeat_timeout": z.heartbeat_timeout},
-            id=wid, task_queue=queue, result_type=dict)
-    else:
-        from s3batch.workflows.batch import S3BatchWorkflow
-
-        from s3batch.models import S3BatchInput
-
-        handle = await b.client.start_workflow(
-            S3BatchWorkflow.run,
-            S3BatchInput(bucket=SRC, prefix="crash/", output_bucket=OUT, output_prefix=out_prefix,
-                         handler=z.crash_handler, chunk_records=z.crash_chunk, max_concurrent_files=1,
-                         heartbeat_timeout_seconds=z.heartbeat_timeout),
-            id=wid, task_queue=queue)
+    handle = await _start_crash_job(b, design, queue, out_prefix)
     total_parts = -(-z.crash_rows // z.crash_chunk)
     target = max(2, int(total_parts * z.kill_fraction))
     # The second worker is up before the kill, as in a real deployment; it is started once the
