@@ -194,6 +194,45 @@ class FaultProxy:
             with contextlib.suppress(OSError):
                 conn.close()
 
+    def _answer_error(self, conn: socket.socket, action: str, method: str, target: str) -> int:
+        """Answer what a troubled S3 answers for ``action`` (S3's XML error body); the status code."""
+        status, code, message = _ERRORS[action]
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            f"<Resource>{_xml_escape(target.split('?')[0])}</Resource>"
+            f"<RequestId>faultproxy-{len(self.log)}</RequestId></Error>"
+        ).encode()
+        payload = b"" if method == "HEAD" else xml
+        conn.sendall(
+            f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\nContent-Length: {len(xml)}\r\n"
+            f"x-amz-request-id: faultproxy-{len(self.log)}\r\nConnection: close\r\n\r\n".encode()
+            + payload
+        )
+        return int(status.split()[0])
+
+    def _forward(self, request_line: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+        """The real server's whole response to the request, on a fresh upstream connection read to EOF."""
+        forwarded = [(n, v) for n, v in headers if n.lower() not in ("connection", "expect", "keep-alive")]
+        forwarded.append(("Connection", "close"))
+        upstream = socket.create_connection((self.upstream_host, self.upstream_port), timeout=120)
+        try:
+            upstream.sendall(
+                f"{request_line}\r\n".encode("latin-1")
+                + b"".join(f"{n}: {v}\r\n".encode("latin-1") for n, v in forwarded)
+                + b"\r\n"
+                + body
+            )
+            chunks = []
+            while True:
+                data = upstream.recv(1 << 20)
+                if not data:
+                    break
+                chunks.append(data)
+        finally:
+            upstream.close()
+        return b"".join(chunks)
+
     def _serve_one(self, conn: socket.socket) -> None:
         conn.settimeout(120)
         reader = _Reader(conn)
@@ -214,42 +253,10 @@ class FaultProxy:
             self.log.append(entry)
 
         if rule is not None and rule.action in _ERRORS:
-            status, code, message = _ERRORS[rule.action]
-            xml = (
-                '<?xml version="1.0" encoding="UTF-8"?>\n'
-                f"<Error><Code>{code}</Code><Message>{message}</Message>"
-                f"<Resource>{_xml_escape(target.split('?')[0])}</Resource>"
-                f"<RequestId>faultproxy-{len(self.log)}</RequestId></Error>"
-            ).encode()
-            payload = b"" if method == "HEAD" else xml
-            conn.sendall(
-                f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\nContent-Length: {len(xml)}\r\n"
-                f"x-amz-request-id: faultproxy-{len(self.log)}\r\nConnection: close\r\n\r\n".encode()
-                + payload
-            )
-            entry.status = int(status.split()[0])
+            entry.status = self._answer_error(conn, rule.action, method, target)
             return
 
-        # Forward: one request on a fresh upstream connection, read to EOF.
-        forwarded = [(n, v) for n, v in headers if n.lower() not in ("connection", "expect", "keep-alive")]
-        forwarded.append(("Connection", "close"))
-        upstream = socket.create_connection((self.upstream_host, self.upstream_port), timeout=120)
-        try:
-            upstream.sendall(
-                f"{request_line}\r\n".encode("latin-1")
-                + b"".join(f"{n}: {v}\r\n".encode("latin-1") for n, v in forwarded)
-                + b"\r\n"
-                + body
-            )
-            chunks = []
-            while True:
-                data = upstream.recv(1 << 20)
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            upstream.close()
-        response = b"".join(chunks)
+        response = self._forward(request_line, headers, body)
         split = response.find(b"\r\n\r\n") + 4
         response_head, response_body = response[:split], response[split:]
         entry.status = int(response_head.split(b" ", 2)[1]) if response_head else None
