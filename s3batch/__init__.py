@@ -40,6 +40,7 @@ _EXPORTS = {
     "chunk_handler": "s3batch.handlers",
     "HandlerResult": "s3batch.handlers",
     "Reject": "s3batch.handlers",
+    "Record": "s3batch.formats.common",
 }
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "WORKFLOW_TYPE",
     "HandlerResult",
     "Progress",
+    "Record",
     "Reject",
     "S3Activities",
     "S3BatchInput",
@@ -59,6 +61,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from s3batch.activities.s3_activities import S3Activities
+    from s3batch.formats.common import Record
     from s3batch.handlers import HandlerResult, Reject, chunk_handler, record_handler
     from s3batch.models import Progress, S3BatchInput, S3BatchResult
     from s3batch.plugin import S3BatchPlugin
