@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 from s3batch.activities import files
 from s3batch.activities.boundary import boundary
+from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.listing import list_page, list_redrive_page
 from temporalio import activity
 
@@ -168,6 +169,11 @@ class S3Activities:
         redriven = None
         if not req.listing_done and job.only_failed_of:
             redriven = self._read_report(job.only_failed_of)
+        if req.status == "cancelled":
+            # Files the cancel found between attempts report nothing: their committed parts say how far they got.
+            secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
+            done, totals = fill_cancelled(self.s3, job.output_bucket, job.output_prefix, req.files, req.totals, secret)
+            req = req.model_copy(update={"files": done, "totals": totals})
         report = assemble_report(req, files, redriven)
         key = layout.report_key(job.output_prefix)
         self._put(job.output_bucket, key, report.to_json(), "application/json")

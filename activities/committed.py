@@ -1,0 +1,88 @@
+"""What a cancelled file had committed, read back from its output when the workflow could not know it.
+
+A file stopped by a cancel normally returns the counts of its last checkpoint itself
+(:func:`s3batch.activities.files.process_file`). When it could not (the cancel found it between two
+attempts, waiting for a retry, or its worker was gone), the workflow records it ``cancelled`` with
+zero counts. The report must still say what was committed, so :func:`fill_cancelled` reads the last
+contiguous part of each such file (one LIST and one HEAD) and takes that checkpoint's counts: a
+redrive resumes from exactly there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+
+from s3batch import layout
+from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA, Checkpoint, checkpoint_mac_ok
+from s3batch.models import FileResult, Totals
+from s3batch.s3io import raise_s3_error
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+
+def last_committed(
+    s3: S3Client, bucket: str, output_prefix: str, key: str, etag: str, secret: bytes | None
+) -> Checkpoint | None:
+    """The checkpoint of the last contiguous part (``part-0`` ... ``part-n-1``) of ``key`` written for
+    the source version ``etag``, or None when it has none."""
+    folder = layout.file_dir(output_prefix, key)
+    indices: set[int] = set()
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{folder}part-"):
+            for item in page.get("Contents", []):
+                kind = layout.output_kind(item["Key"][len(folder) :])
+                if kind is not None and kind[0] == "part":
+                    indices.add(kind[1])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, folder)
+    n = 0
+    while n in indices:
+        n += 1
+    if not n:
+        return None
+    part = layout.part_key(output_prefix, key, n - 1)
+    try:
+        metadata = s3.head_object(Bucket=bucket, Key=part).get("Metadata", {})
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "reading", bucket, part)
+    raw = metadata.get(CHECKPOINT_METADATA)
+    mac = metadata.get(CHECKPOINT_MAC_METADATA)
+    if not raw or (secret is not None and not checkpoint_mac_ok(secret, bucket, part, raw, mac)):
+        return None
+    try:
+        cp = Checkpoint.model_validate_json(raw)
+    except ValidationError:
+        return None
+    return cp if cp.etag == etag and cp.chunk == n else None
+
+
+def fill_cancelled(
+    s3: S3Client, bucket: str, output_prefix: str, files: list[FileResult], totals: Totals, secret: bytes | None
+) -> tuple[list[FileResult], Totals]:
+    """``files`` and ``totals`` with each cancelled file that reported nothing (no chunk) given the
+    counts of its last committed checkpoint."""
+    totals = totals.model_copy()
+    filled: list[FileResult] = []
+    for f in files:
+        if f.status == "cancelled" and f.chunks == 0 and f.records == 0:
+            cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret)
+            if cp is not None:
+                f = f.model_copy(
+                    update={
+                        "records": cp.next_record,
+                        "records_written": cp.records_written,
+                        "rejected": cp.rejected,
+                        "dropped": cp.dropped,
+                        "chunks": cp.chunk,
+                    }
+                )
+                totals.records += cp.next_record
+                totals.records_written += cp.records_written
+                totals.rejected += cp.rejected
+                totals.dropped += cp.dropped
+        filled.append(f)
+    return filled, totals
