@@ -27,12 +27,8 @@ from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput, S3BatchResult
 from tests.helpers import run, wait_for
 from tests.helpers.data import make_csv
-from tests.helpers.jobs import progress, start, until
+from tests.helpers.jobs import progress, slow_job, start, until
 from tests.helpers.output import has_part, report
-
-HEARTBEAT_TIMEOUT = 20
-"""Generous: the SDK sends a heartbeat every 0.8 x the timeout, so a 2 s timeout failed a file on a
-0.4 s stall of a loaded machine. (The test worker reports checkpoints every second regardless.)"""
 
 
 def upload(s3: Any, bucket: str, files: int, rows: int) -> list[str]:
@@ -40,20 +36,6 @@ def upload(s3: Any, bucket: str, files: int, rows: int) -> list[str]:
     for key in keys:
         s3.put_object(Bucket=bucket, Key=key, Body=make_csv(rows))
     return keys
-
-
-def job(src: str, out: str, **kw: Any) -> S3BatchInput:
-    # 100-record chunks at 50 ms each (slow_passthrough): a 1,000-row file is in flight ~0.5 s.
-    options: dict[str, Any] = {
-        "prefix": "in/",
-        "output_bucket": out,
-        "output_prefix": "o/",
-        "handler": "slow_passthrough",
-        "chunk_records": 100,
-        "group_max_files": 1,
-        "heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT,
-    }
-    return S3BatchInput(bucket=src, **{**options, **kw})
 
 
 async def until_parts(s3: Any, bucket: str, keys: list[str], timeout: float = 60) -> None:
@@ -79,7 +61,7 @@ async def test_pause_lets_running_files_finish_and_starts_no_new_one(
 ):
     src, out = buckets
     keys = upload(s3, src, 5, 1_000)
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "pause")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "pause")
     await until(lambda p: p.files_in_flight == 1, handle)
 
     paused = await handle.execute_update(S3BatchWorkflow.pause)
@@ -103,7 +85,7 @@ async def test_set_concurrency_changes_files_in_flight_and_rejects_bad_values(
 ):
     src, out = buckets
     keys = upload(s3, src, 10, 1_500)  # 15 chunks of 50 ms: each file in flight ~0.75 s
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "conc")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "conc")
     p = await until(lambda p: p.files_in_flight == 1, handle)
     assert p.max_concurrent_files == 1
 
@@ -142,7 +124,7 @@ async def test_cancel_stops_in_flight_files_and_still_writes_the_report(
 ):
     src, out = buckets
     keys = upload(s3, src, 4, 20_000)  # 200 chunks of 50 ms: ~10 s per file
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=2), "cancel")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=2), "cancel")
     p = await until(lambda p: p.files_in_flight == 2, handle)
     in_flight = p.in_flight
     await until_parts(s3, out, in_flight)
@@ -172,7 +154,7 @@ async def test_temporal_cli_pauses_resumes_and_sets_concurrency(
 ):
     src, out = buckets
     keys = upload(s3, src, 4, 1_000)
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "tcli")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "tcli")
     await until(lambda p: p.files_in_flight == 1, handle)
     base = ("temporal", "workflow", "update", "execute", "--address", stack.config.temporal_address,
             "--workflow-id", handle.id)
@@ -202,7 +184,7 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
 ):
     src, out = buckets
     keys = upload(s3, src, 3, 1_000)
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "s3cli")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "s3cli")
     wid = handle.id
     await until(lambda p: p.files_in_flight == 1, handle)
 
@@ -245,7 +227,7 @@ async def test_s3batch_cancel_then_report_lists_cancelled_files(
 ):
     src, out = buckets
     upload(s3, src, 2, 20_000)
-    handle = await start(client, task_queue, job(src, out, max_concurrent_files=1), "s3cancel")
+    handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "s3cancel")
     p = await until(lambda p: p.files_in_flight == 1, handle)
     await until_parts(s3, out, p.in_flight)
 
@@ -338,7 +320,7 @@ async def test_temporal_cli_queries_cancels_and_lists_jobs_by_status(
 
         await wait_for(found, 30, f"temporal workflow list --query '{query}' to list {wid}", interval=0.5)
 
-    handle = await start_indexed(job(src, out, max_concurrent_files=1), "tq")
+    handle = await start_indexed(slow_job(src, out, max_concurrent_files=1), "tq")
     await until(lambda p: p.files_in_flight == 1, handle)
 
     q = await run("temporal", "workflow", "query", *address, "--workflow-id", handle.id, "--name", "progress",

@@ -12,6 +12,25 @@ from temporalio.client import Client, WorkflowHandle
 from s3batch.models import Progress, S3BatchInput, S3BatchResult
 from tests.helpers import wait_for
 
+SLOW_HEARTBEAT_TIMEOUT = 20
+"""Generous: the SDK sends a heartbeat every 0.8 x the timeout, so a 2 s timeout failed a file on a
+0.4 s stall of a loaded machine. (The test worker reports checkpoints every second regardless.)"""
+
+
+def slow_job(src: str, out: str, **kw: Any) -> S3BatchInput:
+    """A job over ``in/`` of ``src`` with the ``slow_passthrough`` handler: 100-record chunks at 50 ms
+    each, so a 1,000-row file is in flight ~0.5 s; one file per activity; ``kw`` overrides."""
+    options: dict[str, Any] = {
+        "prefix": "in/",
+        "output_bucket": out,
+        "output_prefix": "o/",
+        "handler": "slow_passthrough",
+        "chunk_records": 100,
+        "group_max_files": 1,
+        "heartbeat_timeout_seconds": SLOW_HEARTBEAT_TIMEOUT,
+    }
+    return S3BatchInput(bucket=src, **{**options, **kw})
+
 
 def new_id(tag: str) -> str:
     """A fresh workflow ID ``<tag>-<8 hex digits>``."""
