@@ -59,7 +59,8 @@ def boundary(*, attempt_details: bool = False) -> Callable[[Callable[P, R]], Cal
             try:
                 return fn(*args, **kwargs)
             except S3BatchError as err:
-                details = ({"attempt": activity.info().attempt},) if attempt_details else ()
+                # The file's counts too (TooManyRejects): the report shows how far a failed file got.
+                details = ({"attempt": activity.info().attempt, **err.file_counts()},) if attempt_details else ()
                 raise to_application_error(err, *details) from None
 
         return run

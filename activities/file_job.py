@@ -24,6 +24,7 @@ from s3batch.formats.common import Record
 from s3batch.formats.source import GZIP_ERRORS, SourceFile
 from s3batch.handlers import get_handler
 from s3batch.models import FileResult, ProcessFileInput
+from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class FileJob:
         # Only a registered handler's name becomes a metrics label.
         self.metrics = _Metrics(req.handler)
         self.fmt, self.gz = resolve_format(req.obj.key, req.format)
+        self.limits = FileLimits(**req.model_dump(include={"max_rejected_records", "max_rejected_ratio"}))
+        self.probe = DelimiterProbe(self.fmt == "csv")
         self.source = SourceFile(
             s3,
             bucket=req.bucket,
@@ -199,6 +202,7 @@ class FileJob:
             )
         if cp.done:
             self._confirm_source()  # found complete: still one request pinned to the listed version
+            self._check_rejects(cp)  # e.g. a redrive with the same limits
         else:
             cp = self._process_from(cp)
         self.books.check_records(cp)
@@ -215,19 +219,25 @@ class FileJob:
 
     def result(self, cp: Checkpoint) -> FileResult:
         """The result of the file, complete at ``cp``."""
+        warnings = warnings_of(cp.rejected, cp.next_record, cp.reject_reasons, cp.delimiter_hint)
         return FileResult(
             key=self.obj.key,
             etag=self.obj.etag,
             status="succeeded",
-            records=cp.next_record,
-            records_written=cp.records_written,
-            rejected=cp.rejected,
-            dropped=cp.dropped,
             bytes_read=self.obj.size,
-            chunks=cp.chunk,
             attempts=self.info.attempt,
             resumed_from_record=self.resumed_from,
+            warnings=warnings or None,
+            **file_counts(cp),
         )
+
+    def _check_rejects(self, cp: Checkpoint) -> None:
+        """At a chunk boundary: fail the file (``TooManyRejects``) once its rejects are over a limit."""
+        limit = crossed(self.limits, cp.rejected, cp.next_record, done=cp.done)
+        if limit is not None:
+            activity.logger.warning("%s: too many rejects (%s)", self.where, limit, extra=self.log_extra)
+            output = f"s3://{self.req.output_bucket}/{self.dir}"
+            raise too_many(self.where, limit, file_counts(cp), cp.reject_reasons, output)
 
     def _confirm_source(self) -> None:
         """Make sure the source still is the listed version (one pinned HEAD, unless a pinned read
@@ -284,6 +294,7 @@ class FileJob:
         req = self.req
         sub_batch = min(req.chunk_records, _SUB_BATCH)
         budget = self.settings.max_chunk_bytes
+        self.probe.active = self.probe.active and cp.chunk == 0  # a resumed file's hint is in its checkpoint
         self._beat(cp)
         with contextlib.ExitStack() as stack:
             records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
@@ -310,6 +321,7 @@ class FileJob:
                         if not batch:
                             break
                         taken += len(batch)
+                        self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
                         buffered += self.books.handle(batch, output, rejects)
                         self._beat(cp)  # liveness; the SDK throttles what reaches the server
                     end_offset = None if self.gz else parser.offset
@@ -319,6 +331,7 @@ class FileJob:
                     done = not lookahead
                     cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
                     self._beat(cp, force=True)  # every committed checkpoint
+                    self._check_rejects(cp)
                 if done:
                     return cp
 
@@ -334,6 +347,7 @@ class FileJob:
     ) -> Checkpoint:
         """Write the chunk's rejects, then its part carrying the new checkpoint (the commit point)."""
         raw = self.source.raw
+        reasons = self.books.take_reasons()
         new = cp.model_copy(
             update={
                 "next_record": cp.next_record + taken,
@@ -346,8 +360,12 @@ class FileJob:
                 "rejected": cp.rejected + len(rejects),
                 "dropped": cp.dropped + self.books.dropped,
                 "done": done,
+                "reject_reasons": merge(cp.reject_reasons, reasons) if reasons else cp.reject_reasons,
+                # Found in the first chunk only: the same for every attempt (parts are deterministic).
+                "delimiter_hint": cp.delimiter_hint or self.probe.hint,
             }
         )
+        self.probe.active = False
         self.books.check_chunk(cp, taken, len(output), len(rejects))
         self.output.commit(cp, new, output, rejects)
         self.checkpoint = new

@@ -194,6 +194,7 @@ def _failed(item: ProcessFileInput, err: S3BatchError, attempt: int) -> FileResu
         status="failed",
         attempts=attempt,
         error=f"{err.type}: {err.message}",
+        **err.file_counts(),
     )
 
 

@@ -7,6 +7,7 @@ record read must be accounted for (see :meth:`HandlerRun.check_chunk`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from s3batch.errors import AccountingError, BadFile, HandlerError
 from s3batch.formats.common import Record
 from s3batch.handlers import ChunkHandler, HandlerResult, Reject
 from s3batch.jsonvalues import encode_json
+from s3batch.rejects import reason_key
 from s3batch.validation import describe_validation_error
 
 _JSON_TYPE_ERRORS = ("Type is not JSON serializable: ", "Dict key must be str", "Integer exceeds", "Recursion limit")
@@ -43,6 +45,8 @@ class HandlerRun:
         """Records the handler dropped in the chunk being built."""
         self._handed = self._handler_rejects = 0
         self._free_form = False
+        self.reasons: Counter[str] = Counter()
+        """Reasons of the rejects of the chunk being built (see ``s3batch.rejects``; taken at its commit)."""
 
     def handle(self, batch: list[Record], output: list[bytes], rejects: list[tuple[int, bytes]]) -> int:
         """Run the handler on the parsed records of ``batch``; append JSON-encoded outputs and rejects
@@ -56,7 +60,7 @@ class HandlerRun:
                 if r.error is None:
                     good.append(r)
                 else:
-                    parser_rejects.append(Reject(r.line, r.error))
+                    parser_rejects.append(Reject(r.line, r.error, summary=r.error))  # the parsers' own words
             self._add_rejects(parser_rejects, rejects)
         if not good:
             return sum(len(b) for _, b in rejects[before:])
@@ -80,6 +84,7 @@ class HandlerRun:
         documents = ({"line": r.line, "reason": r.reason, "record": r.value} for r in found)
         lines = self._encoded(documents, "rejected a record")
         rejects.extend(zip((r.line for r in found), lines, strict=True))
+        self.reasons.update(reason_key(getattr(r, "summary", None)) for r in found)
 
     def _encoded(self, values: Iterable[Any], what: str) -> list[bytes]:
         """``values`` as JSON documents; a value that is not JSON fails the file (``BadFile``), naming
@@ -113,6 +118,11 @@ class HandlerRun:
         else:
             self.dropped += dropped
         return result
+
+    def take_reasons(self) -> Counter[str]:
+        """The reasons of the chunk's rejects (then the next chunk's count from zero)."""
+        reasons, self.reasons = self.reasons, Counter()
+        return reasons
 
     def check_chunk(self, cp: Checkpoint, taken: int, outputs: int, rejects: int) -> None:
         """Before a chunk is committed: every record read is accounted for (then the books start over).

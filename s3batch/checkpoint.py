@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio import activity
 
 from s3batch import layout
@@ -65,6 +65,12 @@ class Checkpoint(BaseModel):
     """Records the handler dropped (a record handler returning None): neither written nor rejected."""
     done: bool = False
     """True on the checkpoint of the final part: the whole file is written."""
+    reject_reasons: list[tuple[str, int]] = Field(default_factory=list)
+    """The file's most common reject reasons so far, ``[reason, count]``, most common first (bounded:
+    see ``s3batch.rejects``; never record contents)."""
+    delimiter_hint: str | None = None
+    """The delimiter a CSV file seems to use instead of ``,``, found in its first chunk (see
+    ``s3batch.rejects.DelimiterProbe``)."""
 
 
 class HeartbeatDetails(NamedTuple):

@@ -39,7 +39,12 @@ class Reject(NamedTuple):
 
     line: int
     reason: str
+    """Why, as written to the rejects file (it may quote the record: it goes nowhere else)."""
     value: Any = None
+    summary: str | None = None
+    """The reason as the report, the job's history and ``TooManyRejects`` show it: it must never
+    quote the record (a field name and a constraint, an exception type). None: counted as "rejected
+    by the handler" there (see ``s3batch.rejects``)."""
 
 
 class HandlerResult(NamedTuple):
@@ -93,7 +98,7 @@ def record_handler(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any]
                 try:
                     result = fn(record.value)
                 except Exception as err:  # noqa: BLE001 - a poison record is a reject, not a crash
-                    rejects.append(Reject(record.line, describe_error(err), record.value))
+                    rejects.append(Reject(record.line, describe_error(err), record.value, summarize_error(err)))
                     continue
                 if result is not None:
                     output.append(result)
@@ -125,6 +130,14 @@ def describe_error(err: Exception) -> str:
     if isinstance(err, ValidationError):
         return describe_validation_error(err)
     return f"{type(err).__name__}: {err}"
+
+
+def summarize_error(err: Exception) -> str:
+    """A reject's ``summary``: the fields and constraints of a pydantic error (never the values), else
+    only the exception's type (its text may quote the record)."""
+    if isinstance(err, ValidationError):
+        return describe_validation_error(err)
+    return f"{type(err).__name__} raised by the handler"
 
 
 @chunk_handler("passthrough")
@@ -161,7 +174,8 @@ def customers(records: Sequence[Record]) -> HandlerResult:
         try:
             customer = _validate_customer(record.value)
         except ValidationError as err:
-            rejects.append(Reject(record.line, describe_error(err), record.value))
+            reason = describe_error(err)
+            rejects.append(Reject(record.line, reason, record.value, reason))
             continue
         output.append(_customer_json(customer))
     return HandlerResult(output, rejects, encoded=True, dropped=0)

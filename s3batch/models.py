@@ -8,14 +8,16 @@ counters.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StringConstraints,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -49,6 +51,20 @@ class _Model(BaseModel):
     """
 
     model_config = ConfigDict(extra="allow", frozen=False, use_attribute_docstrings=True)
+
+
+def _without_nones(data: Any, names: frozenset[str]) -> Any:
+    """``data`` (a model dumped) without the fields of ``names`` that are None: fields added later
+    appear only where they are set, so what older releases wrote (reports, job inputs) stays the same."""
+    if isinstance(data, dict):
+        for name in names:
+            if data.get(name, 0) is None:
+                del data[name]
+    return data
+
+
+REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_rejected_total"})
+"""The job options on rejects (see ``s3batch.rejects``); None: no limit."""
 
 
 class S3BatchInput(BaseModel):
@@ -85,6 +101,15 @@ class S3BatchInput(BaseModel):
     the retries back off 1, 2, 4 ... 60 s)."""
     max_failed_files: int = Field(0, ge=0)
     """The job fails when more files than this failed (after every other file was processed)."""
+    max_rejected_records: int | None = Field(None, ge=0)
+    """A file fails (``TooManyRejects``) once more of its records than this were rejected; checked at
+    each chunk boundary, the committed output is kept (None: no limit)."""
+    max_rejected_ratio: float | None = Field(None, ge=0.0, le=1.0)
+    """A file fails (``TooManyRejects``) once this share of its records (0.0-1.0) was rejected;
+    checked at each chunk boundary from 1,000 records read on, and at the end of the file (None: no limit)."""
+    max_rejected_total: int | None = Field(None, ge=0)
+    """The job fails (``TooManyRejects``) once more records than this were rejected over all its files;
+    files in flight stop at a chunk boundary and the report is written (None: no limit)."""
     max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
     """A longer line becomes a reject instead of being read into memory."""
     group_max_files: int = Field(100, ge=1, le=1_000)
@@ -126,6 +151,10 @@ class S3BatchInput(BaseModel):
                 "prefix 'exports/' with output_prefix 'processed/')"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), REJECT_LIMITS)
 
 
 class JobSpec(S3BatchInput):
@@ -197,6 +226,9 @@ class JobState(_Model):
     """The same digest over the keys of every file result recorded so far."""
     last_listed_key: str | None = None
     """The last key the listing handed out: a redrive of a cancelled job lists on after it."""
+    warnings: list[str] = Field(default_factory=list)
+    """The first warnings of the job's files (a high reject ratio, a CSV delimiter hint), each with
+    its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``)."""
 
 
 class JobCheck(_Model):
@@ -236,6 +268,8 @@ class ProcessFileInput(_Model):
     handler: str
     chunk_records: int
     max_record_bytes: int
+    max_rejected_records: int | None = None
+    max_rejected_ratio: float | None = None
 
 
 class ProcessGroupInput(_Model):
@@ -250,6 +284,16 @@ class ProcessGroupInput(_Model):
     def items(self) -> list[ProcessFileInput]:
         first = self.file
         return [first, *(first.model_copy(update={"obj": obj}) for obj in self.more)]
+
+
+class ReasonCount(_Model):
+    """A reject reason (never record contents) and how many of a file's rejects gave it."""
+
+    reason: str
+    count: int
+
+
+_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings"})
 
 
 class FileResult(_Model):
@@ -270,6 +314,16 @@ class FileResult(_Model):
     resumed_from_record: int = 0
     """``next_record`` the final attempt started from; 0 when it started fresh."""
     error: str | None = None
+    reject_ratio: float | None = None
+    """Rejected / records read, for a file with rejects (None: none, and absent from the report)."""
+    reject_reasons: list[ReasonCount] | None = None
+    """The most common reasons of its rejects, with their counts (at most 5; see ``s3batch.rejects``)."""
+    warnings: list[str] | None = None
+    """What a person should look at (a high reject ratio, a CSV that looks like another delimiter)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), _REJECT_FIELDS)
 
     @classmethod
     def not_started(cls, key: str, etag: str = "") -> FileResult:
@@ -325,6 +379,8 @@ class Progress(_Model):
     cancelling: bool = False
     """The job was cancelled: files in flight are stopping at a chunk boundary."""
     files_cancelled: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    """The first warnings of the job's files, each with its key (see ``JobState.warnings``)."""
 
 
 class S3BatchResult(_Model):
@@ -334,3 +390,5 @@ class S3BatchResult(_Model):
     totals: Totals
     report_bucket: str
     report_key: str
+    warnings: list[str] = Field(default_factory=list)
+    """The first warnings of the job's files, each with its key (the report has every file's)."""

@@ -32,6 +32,7 @@ def test_non_retryable_types_are_the_hand_written_list_of_before() -> None:
         "S3Refused",
         "OutputKeyTooLong",
         "AccountingError",
+        "TooManyRejects",  # added by issue 17 (thresholds on rejects), after the list of before
     ]
     assert {"S3Error", "HandlerError", "WorkerShutdown"}.isdisjoint(NON_RETRYABLE_TYPES)
 

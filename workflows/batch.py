@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
 
     from s3batch import search_attributes as sa
     from s3batch.accounting import combine, key_digest
-    from s3batch.errors import ACCOUNTING_ERROR
+    from s3batch.errors import ACCOUNTING_ERROR, TOO_MANY_REJECTS
     from s3batch.models import (
         FileResult,
         FinalReportInput,
@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         S3BatchInput,
         S3BatchResult,
     )
+    from s3batch.rejects import total_crossed
 
 LIST_PAGE_SIZE = 500
 MAX_CONCURRENCY = 1_000
@@ -77,6 +78,8 @@ class S3BatchWorkflow:
         self._wake = 0
         """Bumped by every control update, to wake the scheduling loop."""
         self._cancelling = False
+        self._stopping = False
+        """Files in flight are being stopped because the job is over ``max_rejected_total``."""
         self._index = SearchIndex()
         self._books = Books(self._state)
         self._finished = 0
@@ -144,6 +147,9 @@ class S3BatchWorkflow:
             await self._wait_for_change()
             if self._fatal is not None:
                 raise self._fatal
+            over = total_crossed(st.totals, spec.max_rejected_total)  # None without the option: no new command
+            if over is not None:
+                return await self._stop_for_rejects(spec, over)
 
         self._books.check()
         if st.pending or not st.listing_done:
@@ -179,6 +185,19 @@ class S3BatchWorkflow:
         """Graceful cancellation: stop the files in flight at a chunk boundary and write the report."""
         self._cancelling = True
         self._update_details()
+        await self._stop_files()
+        workflow.logger.info(
+            "job cancelled: %d file(s) stopped in flight, %d not started",
+            self._state.totals.files_cancelled,
+            self._state.totals.files_not_started,
+        )
+        self._books.check()
+        await self._write_report(spec, "cancelled")
+        self._update_details(final="cancelled")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+
+    async def _stop_files(self) -> None:
+        """Stop the files in flight at a chunk boundary (``cancelled``); the others are ``not_started``."""
         for task in list(self._tasks):
             # The activities use WAIT_CANCELLATION_COMPLETED: each task ends once its activity
             # has stopped after its last checkpoint (or finished anyway).
@@ -189,15 +208,18 @@ class S3BatchWorkflow:
         for obj in self._state.pending:
             self._books.record(FileResult.not_started(obj.key, obj.etag))
         self._state.pending = []
-        workflow.logger.info(
-            "job cancelled: %d file(s) stopped in flight, %d not started",
-            self._state.totals.files_cancelled,
-            self._state.totals.files_not_started,
-        )
+
+    async def _stop_for_rejects(self, spec: S3BatchInput, reason: str) -> S3BatchResult:
+        """Over ``max_rejected_total``: stop the files like a cancel, write the report, fail the job."""
+        self._stopping = True
+        await self._stop_files()
         self._books.check()
-        await self._write_report(spec, "cancelled")
-        self._update_details(final="cancelled")
+        key = await self._write_report(spec, "failed")
+        self._update_details(final="failed")
         await workflow.wait_condition(workflow.all_handlers_finished)
+        raise ApplicationError(
+            f"{reason} The report: s3://{spec.output_bucket}/{key}", type=TOO_MANY_REJECTS, non_retryable=True
+        )
 
     async def _list_next_page(self) -> None:
         st = self._state
@@ -268,7 +290,7 @@ class S3BatchWorkflow:
 
     def _failed(self, group: list[ObjectRef], err: ActivityError) -> list[FileResult]:
         """The results of a failed file activity (none when a group's files are put back to run alone)."""
-        if self._cancelling and is_cancelled_exception(err):
+        if (self._cancelling or self._stopping) and is_cancelled_exception(err):
             return [cancelled_result(obj) for obj in group]
         if len(group) == 1:
             return [failed_result(group[0], err, self._spec.max_attempts)]
@@ -345,7 +367,9 @@ class S3BatchWorkflow:
                 type="JobFailed",
                 non_retryable=True,
             )
-        return S3BatchResult(status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key)
+        return S3BatchResult(
+            status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key, warnings=st.warnings
+        )
 
     @workflow.query
     def progress(self) -> Progress:

@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, describe_failure
     from s3batch.models import FileResult, JobState, ObjectRef
+    from s3batch.rejects import add_job_warnings, counts_of
 
 
 class Books:
@@ -69,6 +70,7 @@ class Books:
         totals.rejected += result.rejected
         totals.bytes_read += result.bytes_read
         totals.dropped += result.dropped
+        add_job_warnings(self.state.warnings, result)
         if self.state.done_digest is not None:
             self.state.done_digest = combine(self.state.done_digest, key_digest([result.key]))
         self.results.append(result)
@@ -135,8 +137,12 @@ def cancelled_result(obj: ObjectRef) -> FileResult:
 def failed_result(obj: ObjectRef, err: ActivityError, max_attempts: int) -> FileResult:
     cause = err.cause
     attempts = max_attempts if err.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED else 1
+    counts: dict[str, Any] = {}
     if isinstance(cause, ApplicationError) and cause.details:
         detail = cause.details[0]
         if isinstance(detail, dict) and "attempt" in detail:
             attempts = int(detail["attempt"])
-    return FileResult(key=obj.key, etag=obj.etag, status="failed", attempts=attempts, error=describe_failure(err))
+        counts = counts_of(detail)  # how far the file got (TooManyRejects)
+    return FileResult(
+        key=obj.key, etag=obj.etag, status="failed", attempts=attempts, error=describe_failure(err), **counts
+    )

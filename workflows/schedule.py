@@ -56,6 +56,8 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
         handler=spec.handler,
         chunk_records=spec.chunk_records,
         max_record_bytes=spec.max_record_bytes,
+        max_rejected_records=spec.max_rejected_records,
+        max_rejected_ratio=spec.max_rejected_ratio,
     )
 
 

@@ -34,11 +34,18 @@ def totals_lines(t: Totals | Progress, *, listing_done: bool = True) -> list[str
     ]
 
 
+def warning_lines(warnings: Sequence[str]) -> list[Text]:
+    """One line per warning (a high reject ratio, a CSV delimiter hint; each starts with its file's key)."""
+    return [safe_line(("  warning  ", "bold yellow"), w) for w in warnings]
+
+
 def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
     if result is not None:
         out.print(safe_line((f"Job {result.status}", "bold green")))
         for line in totals_lines(result.totals):
             out.print(f"  {line}")
+        for text in warning_lines(result.warnings):
+            out.print(text)
         out.print(safe_line(f"  report   s3://{result.report_bucket}/{result.report_key}"))
     else:
         err_out.print(safe_line(("Job failed:", "bold red"), f" {error}"))
@@ -118,6 +125,8 @@ def print_view(view: api.JobView) -> None:
         for line in totals_lines(p, listing_done=p.listing_done):
             out.print(f"  {line}")
         out.print(f"  {state_line(p)}")
+        for text in warning_lines(p.warnings):
+            out.print(text)
     if not view.in_flight:
         return
     out.print(_checkpoints_table(view.in_flight))
@@ -193,6 +202,8 @@ def print_report(stored: api.StoredReport) -> None:
             cell(f.error or ""),
         )
     out.print(table)
+    for text in warning_lines([f"{f.key}: {w}" for f in report.files for w in f.warnings or ()]):
+        out.print(text)
     out.print(safe_line(f"  report   {stored.uri}"))
 
 

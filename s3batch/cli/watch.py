@@ -25,7 +25,17 @@ from temporalio.service import RPCError
 
 from s3batch import client as api
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, err_out, out, safe_line
-from s3batch.cli.render import age, attempt, file_label, percent, print_outcome, state_line, status_colour, totals_lines
+from s3batch.cli.render import (
+    age,
+    attempt,
+    file_label,
+    percent,
+    print_outcome,
+    state_line,
+    status_colour,
+    totals_lines,
+    warning_lines,
+)
 from s3batch.logs import printable
 
 WATCH_WINDOW_SECONDS = 10.0
@@ -187,6 +197,7 @@ def watch_renderable(
         return Group(*lines)
     lines += [Text(f"  {line}") for line in totals_lines(p, listing_done=p.listing_done)]
     lines.append(Text(f"  {state_line(p)}"))
+    lines += warning_lines(p.warnings)
     lines += _speed_lines(view, samples, window)
     if view.in_flight:
         lines.append(in_flight_table(view.in_flight, now or datetime.datetime.now(datetime.UTC)))
