@@ -226,9 +226,13 @@ class JobState(_Model):
     """The same digest over the keys of every file result recorded so far."""
     last_listed_key: str | None = None
     """The last key the listing handed out: a redrive of a cancelled job lists on after it."""
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] | None = None
     """The first warnings of the job's files (a high reject ratio, a CSV delimiter hint), each with
-    its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``)."""
+    its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``); None: none (and left out of the state)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_no_warnings(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), frozenset({"warnings"}))
 
 
 class JobCheck(_Model):

@@ -209,12 +209,12 @@ def delimiter_warning(delimiter: str) -> str:
     )
 
 
-def add_job_warnings(kept: list[str], result: FileResult) -> None:
-    """Append ``result``'s warnings (with its key) to the job's, up to :data:`MAX_JOB_WARNINGS`."""
-    for warning in result.warnings or ():
-        if len(kept) >= MAX_JOB_WARNINGS:
-            return
-        kept.append(f"{result.key}: {warning}")
+def with_job_warnings(kept: list[str] | None, result: FileResult) -> list[str] | None:
+    """The job's warnings with ``result``'s (each with its key) added, up to :data:`MAX_JOB_WARNINGS`."""
+    if not result.warnings:
+        return kept
+    found = [*(kept or ()), *(f"{result.key}: {warning}" for warning in result.warnings)]
+    return found[:MAX_JOB_WARNINGS]
 
 
 def total_crossed(totals: Totals, limit: int | None) -> str | None:

@@ -367,8 +367,9 @@ class S3BatchWorkflow:
                 type="JobFailed",
                 non_retryable=True,
             )
+        warnings = st.warnings or []
         return S3BatchResult(
-            status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key, warnings=st.warnings
+            status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key, warnings=warnings
         )
 
     @workflow.query

@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, describe_failure
     from s3batch.models import FileResult, JobState, ObjectRef
-    from s3batch.rejects import add_job_warnings, counts_of
+    from s3batch.rejects import counts_of, with_job_warnings
 
 
 class Books:
@@ -70,7 +70,7 @@ class Books:
         totals.rejected += result.rejected
         totals.bytes_read += result.bytes_read
         totals.dropped += result.dropped
-        add_job_warnings(self.state.warnings, result)
+        self.state.warnings = with_job_warnings(self.state.warnings, result)
         if self.state.done_digest is not None:
             self.state.done_digest = combine(self.state.done_digest, key_digest([result.key]))
         self.results.append(result)

@@ -44,7 +44,7 @@ def details(
         f"{in_flight} in flight (max {limit})"
         f"{f', {t.files_cancelled} cancelled' if t.files_cancelled else ''}\n\n"
         f"records: {t.records_written} written, {t.rejected} rejected; {t.bytes_read} bytes read"
-        + "".join(f"\n\nwarning: {w}" for w in state.warnings)
+        + "".join(f"\n\nwarning: {w}" for w in state.warnings or ())
         + (f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}" if final and spec else "")
     )
 
@@ -68,7 +68,7 @@ def job_progress(state: JobState, in_flight: dict[str, ObjectRef], limit: int, c
         max_concurrent_files=limit,
         cancelling=cancelling,
         files_cancelled=t.files_cancelled,
-        warnings=list(state.warnings),
+        warnings=list(state.warnings or ()),
     )
 
 
