@@ -187,9 +187,12 @@ async def test_docker_stop_hands_the_file_in_flight_to_another_container(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
     src, out = buckets
-    rows, chunk = 60_000, 1_000
+    # Alone, the first container would take over 24 s on the file (80 chunks, 0.3 s each): the second
+    # one's start on a loaded machine still leaves the file mid-way when the first is stopped. The
+    # second finishes the rest quickly.
+    rows, chunk = 80_000, 1_000
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
-    first = containers("stop-a", S3BATCH_TEST_HANDLER_DELAY="0.2")
+    first = containers("stop-a", S3BATCH_TEST_HANDLER_DELAY="0.3")
     await first.wait_ready()
     # A heartbeat timeout far above the hand-over asserted: only the drain can explain a quick one.
     spec = S3BatchInput(
@@ -198,7 +201,7 @@ async def test_docker_stop_hands_the_file_in_flight_to_another_container(
     )  # fmt: skip
     handle = await start(client, task_queue, spec, "container")
     await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4, 90, "4 committed parts")
-    second = containers("stop-b", S3BATCH_TEST_HANDLER_DELAY="0.2")
+    second = containers("stop-b", S3BATCH_TEST_HANDLER_DELAY="0.01")
     await second.wait_ready()
 
     async def retried() -> Any:
