@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 from temporalio import activity
 
 from s3batch import layout
@@ -71,6 +71,17 @@ class Checkpoint(BaseModel):
     delimiter_hint: str | None = None
     """The delimiter a CSV file seems to use instead of ``,``, found in its first chunk (see
     ``s3batch.rejects.DelimiterProbe``)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A file without rejects or hint has the checkpoint of before they existed, byte for byte
+        # (workers of two releases write the same part metadata during a rolling upgrade).
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in ("reject_reasons", "delimiter_hint"):
+                if not data.get(name, True):
+                    del data[name]
+        return data
 
 
 class HeartbeatDetails(NamedTuple):
