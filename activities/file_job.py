@@ -187,7 +187,7 @@ class FileJob:
             etag=self.obj.etag,
             version_id=self.obj.version_id,
             fingerprint=self.output.fingerprint,
-            byte_offset=None if self.gz else 0,
+            byte_offset=None if self.gz or self.fmt == "parquet" else 0,
         )
         return self.output.resume_point(self._heartbeat_checkpoint(), start, fresh=self._fresh)
 
@@ -324,7 +324,7 @@ class FileJob:
                         self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
                         buffered += self.books.handle(batch, output, rejects)
                         self._beat(cp)  # liveness; the SDK throttles what reaches the server
-                    end_offset = None if self.gz else parser.offset
+                    end_offset = None if self.gz or self.fmt == "parquet" else parser.offset
                     end_line = parser.line
                     chunk_start = parser.offset
                     lookahead = list(islice(records, 1))

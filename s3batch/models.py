@@ -28,7 +28,7 @@ from s3batch.validation import INPUT_ERROR
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
 """An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
 
-Format = Literal["auto", "csv", "jsonl"]
+Format = Literal["auto", "csv", "jsonl", "parquet"]
 
 FileStatus = Literal["succeeded", "failed", "cancelled", "not_started"]
 """``cancelled``: the job was cancelled while the file was in flight; it stopped at a chunk boundary
@@ -86,8 +86,8 @@ class S3BatchInput(BaseModel):
     output_prefix: str = ""
     """Prefix of every output key: ``{output_prefix}{key}/part-00000.jsonl``."""
     format: Format = "auto"
-    """``csv`` (RFC 4180 with a header row), ``jsonl``, or ``auto`` to pick by extension
-    (``.csv``, ``.jsonl``/``.ndjson``/``.json``, each optionally ``.gz``)."""
+    """``csv`` (RFC 4180 with a header row), ``jsonl``, ``parquet``, or ``auto`` to pick by extension
+    (``.csv``, ``.jsonl``/``.ndjson``/``.json``, each optionally ``.gz``; ``.parquet``)."""
     handler: str = Field("passthrough", min_length=1)
     """Name of a registered handler (see ``s3batch.handlers``)."""
     chunk_records: int = Field(10_000, ge=1, le=1_000_000)

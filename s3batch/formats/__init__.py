@@ -13,11 +13,13 @@ from s3batch.errors import UnknownFormatError
 from s3batch.formats.common import ParsedFormat
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.jsonl import JsonlParser
+from s3batch.formats.parquet import ParquetParser
 
 # Only comma-separated files are recognised: nothing downstream passes a delimiter to the parser, so
 # auto-detecting ``.tsv`` as CSV would silently parse tab-separated rows as one-column records.
 _CSV_EXTENSIONS = (".csv",)
 _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
+_PARQUET_EXTENSIONS = (".parquet", ".pq")
 
 
 def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
@@ -25,7 +27,8 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
 
     Args:
         key: The object key; a ``.gz`` suffix means gzip.
-        fmt: ``csv``, ``jsonl`` or ``auto`` (pick by extension).
+        fmt: ``csv``, ``jsonl``, ``parquet`` or ``auto`` (pick by extension). Parquet compresses
+            inside the file: a ``.parquet.gz`` is refused.
 
     Raises:
         UnknownFormatError: ``fmt`` is ``auto`` and the extension is not recognised.
@@ -37,19 +40,26 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
         return "csv", gz
     if fmt == "jsonl":
         return "jsonl", gz
+    if fmt == "parquet" or (fmt == "auto" and base.endswith(_PARQUET_EXTENSIONS)):
+        if gz:
+            raise UnknownFormatError(
+                f"{key!r} is a gzip-compressed Parquet file, which s3batch cannot read in row groups; "
+                "upload it uncompressed (Parquet compresses its own columns)"
+            )
+        return "parquet", False
     if fmt != "auto":
-        raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl' or 'auto'")
+        raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl', 'parquet' or 'auto'")
     if base.endswith(_CSV_EXTENSIONS):
         return "csv", gz
     if base.endswith(_JSONL_EXTENSIONS):
         return "jsonl", gz
     raise UnknownFormatError(
         f"cannot tell the format of {key!r} from its extension (expected .csv, .jsonl, .ndjson or "
-        ".json, optionally .gz); set format to 'csv' or 'jsonl' in the job input"
+        ".json, optionally .gz, or .parquet); set format to 'csv' or 'jsonl' (or 'parquet') in the job input"
     )
 
 
-Parser = CsvParser | JsonlParser
+Parser = CsvParser | JsonlParser | ParquetParser
 
 
 def make_parser(
@@ -61,7 +71,10 @@ def make_parser(
     header: list[str] | None = None,
     max_line_bytes: int = 8 * 1024 * 1024,
 ) -> Parser:
-    """Build the parser for ``fmt`` reading ``stream`` from ``offset``."""
+    """Build the parser for ``fmt`` reading ``stream`` from ``offset`` (not Parquet, which is read by
+    row group from a seekable file: see :mod:`s3batch.formats.parquet`)."""
+    if fmt == "parquet":
+        raise ValueError("a Parquet file is not read as a stream")
     if fmt == "csv":
         return CsvParser(stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes)
     return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)

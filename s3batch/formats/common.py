@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any, Literal, NamedTuple
 
-ParsedFormat = Literal["csv", "jsonl"]
+ParsedFormat = Literal["csv", "jsonl", "parquet"]
 
 _BOM_BYTES = b"\xef\xbb\xbf"
 

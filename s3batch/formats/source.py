@@ -19,6 +19,7 @@ from s3batch.errors import BadFile
 from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
 from s3batch.formats.csv import read_csv_header
+from s3batch.formats.parquet import ParquetParser, PinnedFile
 from s3batch.s3io import RangedReader, open_object
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class SourceFile:
             BadFile: The CSV header row cannot be used, or a ``.gz`` holds fewer records than committed.
         """
         max_bytes = self.max_record_bytes
+        if self.fmt == "parquet":
+            return self.parquet_rows(next_record, stack)
         try:
             if self.gz:
                 raw = stack.enter_context(self._open(0))
@@ -119,6 +122,15 @@ class SourceFile:
             if isinstance(err, BadFile):
                 raise
             raise BadFile(f"{self.where}: {err}") from None
+
+    def parquet_rows(self, next_record: int, stack: contextlib.ExitStack) -> tuple[Iterator[Record], Parser]:
+        """The rows of a Parquet file from row ``next_record`` on (earlier row groups are not read)."""
+        file = stack.enter_context(
+            PinnedFile(self.s3, self.bucket, self.key, etag=self.etag, size=self.size, version_id=self.version_id)
+        )
+        self.raw = file
+        parser = ParquetParser(file, self.where, next_record)
+        return iter(parser), parser
 
     def bad_gzip(self, err: Exception, committed: int) -> BadFile:
         """A corrupt or truncated ``.gz`` (``err``, one of :data:`GZIP_ERRORS`): a bad file, not worth
