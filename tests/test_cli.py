@@ -172,7 +172,7 @@ async def test_status_shows_in_flight_checkpoints(
     await client.get_workflow_handle(wid).result()
     done = await run("s3batch", "status", wid, "--json")
     final = json.loads(done.stdout)
-    assert final["status"] == "completed" and final["in_flight"] == []
+    assert final["status"] == "succeeded" and final["in_flight"] == []
     assert final["result"]["totals"]["records_written"] == 10_000
     assert final["result"]["report_key"] == "_report.json"
 

@@ -272,7 +272,7 @@ async def test_redrive_processes_only_the_failed_file_resuming_it_and_keeps_the_
     assert new_id.startswith(f"{wid}-redrive-")
     assert info["redrive_of"] == wid and info["files"] == 1
     assert info["original_report"] == f"s3://{out}/{copy_key}"
-    assert info["status"] == "completed" and info["result"]["status"] == "succeeded"
+    assert info["status"] == "succeeded" and info["result"]["status"] == "succeeded"
     assert info["ui_url"].endswith(f"/namespaces/default/workflows/{new_id}")
 
     # The original report is kept, byte for byte; the layout's report is now the redrive's.

@@ -92,9 +92,9 @@ async def test_a_job_is_started_followed_controlled_and_reported_from_python(
         ("in/a.csv", "succeeded", 5_000), ("in/b.csv", "succeeded", 100), ("in/c.csv", "succeeded", 100),
     ]  # fmt: skip
     done = await api.describe(client, wid)
-    assert done.status == "completed" and done.in_flight == [] and done.result == result
+    assert done.status == "succeeded" and done.in_flight == [] and done.result == result
     [summary] = await api.list_jobs(client, f'WorkflowId="{wid}"')
-    assert (summary.status, summary.task_queue) == ("completed", task_queue) and summary.close_time is not None
+    assert (summary.status, summary.task_queue) == ("succeeded", task_queue) and summary.close_time is not None
 
     # Finished: controls, a restart under the same ID and a redrive are refused, saying why.
     with pytest.raises(api.JobNotRunning):

@@ -219,7 +219,7 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
 
     listed = json.loads((await run("s3batch", "list", "--json")).stdout)
     [mine] = [row for row in listed if row["workflow_id"] == wid]
-    assert mine["status"] == "completed" and mine["close_time"]
+    assert mine["status"] == "succeeded" and mine["close_time"]
 
 
 async def test_s3batch_cancel_then_report_lists_cancelled_files(
@@ -268,7 +268,7 @@ async def test_search_attributes_index_jobs_started_by_s3batch(
     await wait_for(found, 30, f"{wid} listed by its search attributes ({query})", interval=0.5)
     listed = await run("s3batch", "list")
     [row] = [line for line in listed.stdout.splitlines() if wid in line]
-    assert f"s3://{src}/in/" in row and "completed" in row
+    assert f"s3://{src}/in/" in row and "succeeded" in row
 
 
 def cli_json(stdout: str) -> Any:

@@ -3,6 +3,13 @@ stack (the walk-through of the README's Quick start is ``tests/test_quickstart.p
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import socket
+import uuid
+from asyncio.subprocess import DEVNULL, PIPE, STDOUT
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -12,25 +19,10 @@ from temporalio.worker import Worker
 import tests.fault_handlers  # registers explode_on_marker for the in-process worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
 from s3batch import layout
-from s3batch.models import S3BatchInput
-from tests.helpers import wait_for
+from tests.helpers import BIN, Run, wait_for
 from tests.helpers.data import make_csv
-from tests.helpers.jobs import start, until
+from tests.helpers.jobs import new_id, slow_job, start, until
 from tests.helpers.output import report
-
-
-def slow_job(src: str, out: str, **kw: Any) -> S3BatchInput:
-    # 100-record chunks at 50 ms each (slow_passthrough).
-    options: dict[str, Any] = {
-        "prefix": "in/",
-        "output_bucket": out,
-        "output_prefix": "o/",
-        "handler": "slow_passthrough",
-        "chunk_records": 100,
-        "group_max_files": 1,
-        "heartbeat_timeout_seconds": 20,
-    }
-    return S3BatchInput(bucket=src, **{**options, **kw})
 
 
 def parts(s3: Any, bucket: str, key: str) -> int:
@@ -87,3 +79,152 @@ async def test_a_file_cancelled_between_attempts_reports_its_committed_parts(
     (f,) = rep["files"]
     assert (f["status"], f["chunks"], f["records"], f["records_written"]) == ("cancelled", 5, 500, 500), f
     assert (rep["totals"]["records"], rep["totals"]["records_written"]) == (500, 500), rep["totals"]
+
+
+async def s3batch(*argv: str, timeout: float = 60, columns: int = 200, **env: str | None) -> Run:
+    """``s3batch ARGV`` in a subprocess with the stack's environment changed by ``env`` (None drops a
+    variable), at ``columns`` columns."""
+    environ = {**os.environ, "COLUMNS": str(columns)}
+    for name, value in env.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "s3batch"), *argv, stdout=PIPE, stderr=PIPE, env=environ, stdin=DEVNULL
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"s3batch {' '.join(argv)} still running after {timeout:g}s") from None
+    assert proc.returncode is not None
+    return Run(proc.returncode, stdout.decode(), stderr.decode())
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_start_wait_and_status_say_when_no_worker_polls_the_task_queue(
+    client: Client, s3: Any, buckets: tuple[str, str]
+):
+    """Point 1: with no worker on the job's task queue, ``start --wait`` says so (and what to run)
+    instead of spinning on "waiting" forever, and so does ``status``; the job runs once a worker comes."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    queue = f"tq-nobody-{uuid.uuid4().hex[:8]}"
+    wid = new_id("no-worker")
+    args = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--id", wid, "--task-queue", queue]
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "s3batch"), "start", *args, "--wait", stdout=PIPE, stderr=STDOUT, stdin=DEVNULL,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while not any("no worker" in line for line in seen):
+                line = (await proc.stdout.readline()).decode()
+                assert line, f"s3batch start --wait ended without saying there is no worker: {seen}"
+                seen.append(line)
+    finally:
+        proc.kill()
+        await proc.wait()
+    said = " ".join(seen)
+    assert f"no worker polls task queue {queue}" in said and "make worker" in said, said
+
+    status = await s3batch("status", wid)
+    assert status.code == 0, status
+    assert f"no worker polls task queue {queue}" in status.stderr and "make worker" in status.stderr, status
+    as_json = json.loads((await s3batch("status", wid, "--json")).stdout)
+    assert (as_json["task_queue"], as_json["workers"], as_json["waits_for_worker"]) == (queue, 0, True)
+
+    async with Worker(client, task_queue=queue, activity_executor=ThreadPoolExecutor(4)):
+        await client.get_workflow_handle(wid).result()
+        status = await s3batch("status", wid)
+    assert "no worker" not in status.stderr and f"{wid}: succeeded" in status.stdout, status
+
+
+async def test_missing_s3_credentials_or_unreachable_servers_are_one_line_with_the_fix(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 2: ``s3batch report`` without the stack's S3 credentials (no ``eval $(s3batch-stack
+    env)``), with S3 or Temporal unreachable: one line naming what is missing and the command that
+    fixes it, exit 1, no traceback."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    wid = new_id("creds")
+    done = await s3batch("start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--id", wid,
+                         "--task-queue", task_queue, "--wait")  # fmt: skip
+    assert done.code == 0, done
+    nowhere = "/nonexistent/aws"
+    no_credentials = await s3batch(
+        "report", wid, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None, AWS_PROFILE=None,
+        AWS_SHARED_CREDENTIALS_FILE=nowhere, AWS_CONFIG_FILE=nowhere, AWS_EC2_METADATA_DISABLED="true",
+    )  # fmt: skip
+    port = free_port()
+    no_s3 = await s3batch("report", wid, AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}")
+    no_temporal = await s3batch("status", wid, TEMPORAL_ADDRESS=f"127.0.0.1:{port}")
+    for r, said in (
+        (no_credentials, "no S3 credentials"),
+        (no_s3, f"cannot reach S3 at http://127.0.0.1:{port}"),
+        (no_temporal, f"cannot connect to Temporal at 127.0.0.1:{port}"),
+    ):
+        assert r.code == 1 and "Traceback" not in r.stderr, r
+        [line] = r.stderr.strip().splitlines()
+        assert said in line and "s3batch-stack env" in line, line
+
+
+async def test_tables_keep_ids_and_file_names_at_80_columns(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 7: at 80 columns ``list`` shows every job ID whole on its row, and ``status`` the key of
+    each file in flight whole, in one line each."""
+    src, out = buckets
+    key = "in/customers-2026-11-30-eu-west.csv"
+    s3.put_object(Bucket=src, Key=key, Body=make_csv(20_000))
+    handle = await start(client, task_queue, slow_job(src, out), "eighty-columns-job")
+    await until(lambda p: p.files_in_flight == 1, handle)
+    await wait_for(lambda: parts(s3, out, key) >= 1, 60, "a committed part")
+    for columns in (80, 200):
+        listed = await s3batch("list", "--limit", "20", columns=columns)
+        assert listed.code == 0, listed
+        assert all(len(line) <= columns for line in listed.stdout.splitlines()), listed.stdout
+        [row] = [line for line in listed.stdout.splitlines() if handle.id in line]
+        assert "processing" in row, row
+        status = await s3batch("status", handle.id, columns=columns)
+        assert status.code == 0, status
+        lines = [line for line in status.stdout.splitlines() if "Web UI" not in line]  # a URL is as long as it is
+        assert all(len(line) <= columns for line in lines), status.stdout
+        assert any(key in line for line in lines), status.stdout
+    await handle.cancel()
+
+
+async def test_one_vocabulary_succeeded_and_cancelled(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 8: ``status``, ``list`` and the JSON of the client say ``succeeded`` and ``cancelled`` (the
+    words of the report and the search attributes), never Temporal's ``completed`` / ``canceled``."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    ok = await s3batch("start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "ok/",
+                       "--task-queue", task_queue, "--wait", "--json")  # fmt: skip
+    ok_id = json.loads(ok.stdout)["workflow_id"]
+    assert json.loads(ok.stdout)["status"] == "succeeded", ok
+    s3.put_object(Bucket=src, Key="in/b.csv", Body=make_csv(20_000))
+    handle = await start(client, task_queue, slow_job(src, out, output_prefix="c/"), "vocab-cancel")
+    await until(lambda p: p.files_in_flight >= 1, handle)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await handle.result()
+    for wid, word in ((ok_id, "succeeded"), (handle.id, "cancelled")):
+        status = await s3batch("status", wid)
+        assert f"{wid}: {word}" in status.stdout, status
+        assert json.loads((await s3batch("status", wid, "--json")).stdout)["status"] == word
+        rows = [line for line in (await s3batch("list")).stdout.splitlines() if wid in line]
+        assert len(rows) == 1 and word in rows[0], rows
+        assert "completed" not in rows[0] and "canceled" not in rows[0], rows

@@ -39,8 +39,11 @@ import asyncio
 import os
 import sys
 
+from botocore.exceptions import BotoCoreError
+from temporalio.service import RPCError
+
 from s3batch.cli import control, jobs, watch
-from s3batch.cli.output import CliError, err_out, exit_code, safe_line
+from s3batch.cli.output import EXIT_FAILED, CliError, environment_error, err_out, exit_code, safe_line
 from s3batch.client import ClientError
 from s3batch.errors import S3BatchError
 
@@ -72,9 +75,13 @@ def run(argv: list[str] | None = None) -> int:
     except CliError as err:
         err_out.print(safe_line(("error:", "bold red"), f" {err}"))
         return err.code
-    except (ClientError, S3BatchError) as err:  # S3BatchError: e.g. S3 refused to read the report
-        err_out.print(safe_line(("error:", "bold red"), f" {err}"))
-        return exit_code(err)
+    except (ClientError, S3BatchError, BotoCoreError) as err:  # S3BatchError: e.g. S3 refused to read the report
+        err_out.print(safe_line(("error:", "bold red"), f" {environment_error(err) or err}"))
+        return exit_code(err) if not isinstance(err, BotoCoreError) else EXIT_FAILED
+    except RPCError as err:  # the server went away, or refused a call
+        status = err.status.name if err.status else "no status"
+        err_out.print(safe_line(("error:", "bold red"), f" Temporal could not answer: {err.message} ({status})"))
+        return EXIT_FAILED
     except KeyboardInterrupt:
         err_out.print("interrupted: the job itself keeps running (see `s3batch status ID`)")
         return 130

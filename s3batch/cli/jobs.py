@@ -113,7 +113,7 @@ async def start_and_follow(
         return EXIT_OK
     if as_json:
         result, error = await api.outcome(client, workflow_id)
-        status = "completed" if result is not None else "failed"
+        status = "succeeded" if result is not None else "failed"
         result_json = result.model_dump(mode="json") if result else None
         print_json({**info, "status": status, "result": result_json, "error": error})
     else:

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
+from botocore.exceptions import (
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
 from rich.console import Console
 from rich.text import Text
 
@@ -29,6 +36,33 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+LOCAL_STACK_ENV = 'eval "$(.venv/bin/s3batch-stack env)"'
+"""What points a shell at the local stack (``make demo`` / ``make stack-up``)."""
+
+_NO_CREDENTIALS = (NoCredentialsError, PartialCredentialsError)
+_UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
+
+
+def environment_error(err: BaseException) -> str | None:
+    """One line saying what is missing and how to fix it, when ``err`` (or the error it was raised
+    from) is missing S3 credentials or an unreachable S3 endpoint; else None."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, _NO_CREDENTIALS):
+            return (
+                f"no S3 credentials ({type(seen).__name__}). For the local stack run `{LOCAL_STACK_ENV}` first; "
+                "elsewhere set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or use an IAM role)"
+            )
+        if isinstance(seen, _UNREACHABLE):
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+            return (
+                f"cannot reach S3 at {endpoint} ({type(seen).__name__}). For the local stack: `make stack-up`, then "
+                f"`{LOCAL_STACK_ENV}`; elsewhere check AWS_ENDPOINT_URL_S3 and the network"
+            )
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def exit_code(err: ClientError | S3BatchError) -> int:

@@ -59,14 +59,23 @@ def state_line(p: Progress) -> str:
         doing = "paused: no new file starts; files in flight finish"
     else:
         doing = f"at most {p.max_concurrent_files or '?'} file(s) at once"
-    return (
-        f"running  {p.files_in_flight} file(s) in flight (counted above once finished); {doing}; "
-        f"workflow run {p.run + 1}"
-    )
+    return f"running  {p.files_in_flight} file(s) in flight; {doing}; workflow run {p.run + 1}"
 
 
 def status_colour(status: str) -> str:
-    return {"running": "cyan", "completed": "green"}.get(status, "red")
+    return {"running": "cyan", "succeeded": "green", "cancelled": "yellow"}.get(status, "red")
+
+
+NO_WORKER_FIX = (
+    "start one: `make worker` (a worker on the local stack, in the foreground), `s3batch-stack up --workers 2` "
+    "(two in the background), or `s3batch-worker` with the job's Temporal and S3 settings"
+)
+
+
+def no_worker_line(task_queue: str) -> Text:
+    """What to say when no worker serves a job's task queue."""
+    queue = (task_queue, "bold")
+    return safe_line(("no worker", "bold yellow"), " polls task queue ", queue, f": the job waits; {NO_WORKER_FIX}")
 
 
 def file_label(f: api.InFlightFile) -> Text:
@@ -90,25 +99,48 @@ def age(f: api.InFlightFile, now: datetime.datetime) -> str:
     return f"{(now - f.last_heartbeat).total_seconds():.0f}s ago" if f.last_heartbeat else "none yet"
 
 
+WIDE = 100
+"""Terminals at least this wide get every column; narrower ones (80 columns) get the essential ones,
+so that IDs and file names keep room and are never squeezed out."""
+
+
+def _checkpoint_cells(f: api.InFlightFile, now: datetime.datetime) -> dict[str, str]:
+    cp = f.checkpoint
+    return {
+        "attempt": attempt(f),
+        "done": percent(f),
+        "next record": f"{cp.next_record:,}" if cp else "-",
+        "byte offset": "-" if cp is None or cp.byte_offset is None else f"{cp.byte_offset:,}",
+        "chunk": str(cp.chunk) if cp else "-",
+        "rejected": f"{cp.rejected:,}" if cp else "-",
+        "heartbeat": age(f, now),
+    }
+
+
 def _checkpoints_table(files: Sequence[api.InFlightFile]) -> Table:
     table = Table(title="In-flight files: last checkpoint", title_justify="left", box=None, padding=(0, 1))
     table.add_column("file", overflow="fold")
-    for column in ("attempt", "done", "next record", "byte offset", "chunk", "rejected", "heartbeat"):
+    columns = ("attempt", "done", "next record", "byte offset", "chunk", "rejected", "heartbeat")
+    for column in columns:
         table.add_column(column, justify="right", no_wrap=True)
     now = datetime.datetime.now(datetime.UTC)
     for f in files:
-        cp = f.checkpoint
-        table.add_row(
-            file_label(f),
-            attempt(f),
-            percent(f),
-            f"{cp.next_record:,}" if cp else "-",
-            "-" if cp is None or cp.byte_offset is None else f"{cp.byte_offset:,}",
-            str(cp.chunk) if cp else "-",
-            f"{cp.rejected:,}" if cp else "-",
-            age(f, now),
-        )
+        cells = _checkpoint_cells(f, now)
+        table.add_row(file_label(f), *(cells[column] for column in columns))
     return table
+
+
+def _print_checkpoints_narrow(files: Sequence[api.InFlightFile]) -> None:
+    """The in-flight files on a narrow terminal: each key whole on its own line, its checkpoint below."""
+    out.print("In-flight files: last checkpoint")
+    now = datetime.datetime.now(datetime.UTC)
+    for f in files:
+        c = _checkpoint_cells(f, now)
+        out.print(file_label(f))
+        out.print(
+            f"  {c['done']} done, next record {c['next record']}, chunk {c['chunk']}, {c['rejected']} rejected, "
+            f"attempt {c['attempt']}, beat {c['heartbeat']}"
+        )
 
 
 def print_view(view: api.JobView) -> None:
@@ -118,8 +150,10 @@ def print_view(view: api.JobView) -> None:
     if view.status != "running":
         print_outcome(view.result, view.error)
         return
+    if view.waits_for_worker and view.task_queue:
+        err_out.print(no_worker_line(view.task_queue))
     if view.progress is None:
-        out.print("  progress unavailable (no worker has picked the job up yet?)")
+        out.print("  progress unavailable (no worker has picked the job up yet)")
     else:
         p = view.progress
         for line in totals_lines(p, listing_done=p.listing_done):
@@ -129,7 +163,10 @@ def print_view(view: api.JobView) -> None:
             out.print(text)
     if not view.in_flight:
         return
-    out.print(_checkpoints_table(view.in_flight))
+    if out.width >= WIDE:
+        out.print(_checkpoints_table(view.in_flight))
+    else:
+        _print_checkpoints_narrow(view.in_flight)
     for f in view.in_flight:
         if f.last_failure:
             out.print(safe_line(f"  {f.key}: last attempt failed: {f.last_failure}"))
@@ -158,6 +195,7 @@ async def follow(client: Client, workflow_id: str) -> api.Outcome:
         TextColumn("{task.fields[bytes]}"),
         TimeElapsedColumn(),
     )
+    warned = False
     with ProgressBar(*columns, console=out, transient=False) as bar:
         task = bar.add_task("waiting", total=None, listed="?", records="0", rejected="0", bytes="0 bytes")
         while not done_task.done():
@@ -165,6 +203,13 @@ async def follow(client: Client, workflow_id: str) -> api.Outcome:
             if p is not None:
                 description = "processing" if p.listing_done else "listing"
                 bar.update(task, description=description, **_bar_fields(p, p.listing_done))
+            elif not warned:
+                # No answer: a job without a worker would wait here forever, silently.
+                queue = await api.waiting_for_worker(client, workflow_id)
+                if queue is not None:
+                    warned = True
+                    bar.update(task, description="waiting for a worker")
+                    bar.console.print(no_worker_line(queue))  # above the live bar
             await asyncio.wait([done_task], timeout=POLL_SECONDS)
         result, error = done_task.result()
         if result is not None:
@@ -217,28 +262,44 @@ def _source_cell(source: str | None) -> Text:
     return cell(f"s3://{source}")
 
 
-def _when(moment: datetime.datetime | None) -> str:
-    return moment.isoformat()[:19].replace("T", " ") if moment else "-"
+def _when(moment: datetime.datetime | None, *, wide: bool = True) -> str:
+    """``2026-11-30 09:06:36`` (UTC), or ``11-30 09:06`` on a narrow terminal."""
+    if not moment:
+        return "-"
+    text = moment.astimezone(datetime.UTC).isoformat()[:19].replace("T", " ")
+    return text if wide else text[5:16]
 
 
 def print_jobs(jobs: Sequence[api.JobSummary]) -> None:
-    """The ``list`` table."""
+    """The ``list`` table: every column from 100 columns on; at 80, the job ID whole and the rest
+    shortened (no task queue, short times, the status word alone)."""
     if not jobs:
         out.print("no s3batch jobs")
         return
-    table = Table(box=None, padding=(0, 1))
-    for column in ("job ID", "status", "source", "files done", "failed", "started", "closed", "task queue"):
-        table.add_column(column, no_wrap=column not in ("job ID", "source"), overflow="fold")
+    wide = out.width >= WIDE
+    table = Table(box=None, padding=(0, 1), pad_edge=False)
+    # The ID is what every other command takes: never folded or squeezed out.
+    table.add_column("job ID", no_wrap=True, min_width=max(len(job.workflow_id) for job in jobs))
+    table.add_column("status", no_wrap=True)
+    table.add_column("source", overflow="fold", ratio=1, min_width=8)
+    table.add_column("files done" if wide else "done", no_wrap=True, justify="right")
+    table.add_column("failed", no_wrap=True, justify="right")
+    table.add_column("started", no_wrap=True)
+    if wide:
+        table.add_column("closed", no_wrap=True)
+        table.add_column("task queue", overflow="fold")
     for job in jobs:
         running = job.status == "running" and job.search_status
-        table.add_row(
+        status = (f"running ({job.search_status})" if wide else str(job.search_status)) if running else job.status
+        row: list[Text | str] = [
             cell(job.workflow_id),
-            cell(f"running ({job.search_status})" if running else job.status),
+            cell(status),
             _source_cell(job.source),
             "-" if job.files_done is None else str(job.files_done),
             "-" if job.files_failed is None else str(job.files_failed),
-            _when(job.start_time),
-            _when(job.close_time),
-            cell(job.task_queue),
-        )
+            _when(job.start_time, wide=wide),
+        ]
+        if wide:
+            row += [_when(job.close_time), cell(job.task_queue)]
+        table.add_row(*row)
     out.print(table)

@@ -40,7 +40,10 @@ from s3batch.client.jobs import (
     outcome,
     progress,
     start,
+    status_word,
     ui_url,
+    waiting_for_worker,
+    workers_polling,
 )
 from s3batch.client.redrive import prepare_redrive
 from s3batch.client.reports import find_report, job_input, report
@@ -93,5 +96,8 @@ __all__ = [
     "resume",
     "set_concurrency",
     "start",
+    "status_word",
     "ui_url",
+    "waiting_for_worker",
+    "workers_polling",
 ]

