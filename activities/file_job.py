@@ -21,7 +21,8 @@ from s3batch.config import Settings
 from s3batch.errors import OutputKeyTooLong, WorkerShutdown
 from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
-from s3batch.formats.source import GZIP_ERRORS, SourceFile
+from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
+from s3batch.formats.source import SourceFile
 from s3batch.handlers import get_handler
 from s3batch.models import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
@@ -108,7 +109,9 @@ class FileJob:
         self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
         # Only a registered handler's name becomes a metrics label.
         self.metrics = _Metrics(req.handler)
-        self.fmt, self.gz = resolve_format(req.obj.key, req.format)
+        self.fmt, self.compression = resolve_format(req.obj.key, req.format)
+        self.gz = self.compression is not None
+        """Compressed (gzip, zstd or bzip2): read from the start, no byte offsets."""
         self.limits = FileLimits(**req.model_dump(include={"max_rejected_records", "max_rejected_ratio"}))
         self.probe = DelimiterProbe(self.fmt == "csv")
         self.source = SourceFile(
@@ -118,7 +121,7 @@ class FileJob:
             etag=req.obj.etag,
             size=req.obj.size,
             fmt=self.fmt,
-            gz=self.gz,
+            compression=self.compression,
             max_record_bytes=req.max_record_bytes,
         )
         self.output = self._output(settings)
@@ -135,7 +138,7 @@ class FileJob:
         req = self.req
         shape = fingerprint(
             fmt=self.fmt,
-            gzip=self.gz,
+            compression=self.compression,
             handler=req.handler,
             chunk_records=req.chunk_records,
             max_record_bytes=req.max_record_bytes,
@@ -155,8 +158,8 @@ class FileJob:
     def _check_key_length(self) -> None:
         """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
         otherwise it would fail at the first chunk with rejects, after writing parts."""
-        # Records are at least one byte each, and deflate expands at most ~1,032 times.
-        max_records = self.obj.size * (1032 if self.gz else 1) + 1
+        # Records are at least one byte each, and decompression expands at most MAX_RATIO times.
+        max_records = self.obj.size * (MAX_RATIO[self.compression] if self.compression else 1) + 1
         # A chunk holds at least one record and may end before chunk_records at the byte budget
         # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
         max_chunks = max_records
@@ -285,9 +288,9 @@ class FileJob:
             return self._chunks_from(cp)
         try:
             return self._chunks_from(cp)
-        except GZIP_ERRORS as err:
+        except CorruptCompressed as err:
             committed = self.checkpoint.next_record if self.checkpoint else 0
-            raise self.source.bad_gzip(err, committed) from None
+            raise self.source.bad_compressed(err, committed) from None
 
     def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
         self.source.version_id = cp.version_id

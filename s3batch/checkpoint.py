@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -116,16 +116,36 @@ class HeartbeatDetails(NamedTuple):
             return None
 
 
-def fingerprint(*, fmt: str, gzip: bool, handler: str, chunk_records: int, max_record_bytes: int) -> str:
-    """Hash of the options that shape a file's output; parts from other options are not reused."""
-    shape = {
+def fingerprint(
+    *,
+    fmt: str,
+    compression: str | None,
+    handler: str,
+    chunk_records: int,
+    max_record_bytes: int,
+    reading: Mapping[str, Any] | None = None,
+) -> str:
+    """Hash of the options that shape a file's output; parts from other options are not reused.
+
+    Args:
+        compression: gzip is hashed as ``"gzip": true``, as before zstd and bzip2 were read, so the
+            parts of running jobs keep their fingerprint.
+        reading: The reading options that differ from their defaults (CSV dialect, header, encoding:
+            ``s3batch.formats.dialect``); empty for a job with the defaults, whose fingerprint is then
+            the one earlier releases computed.
+    """
+    shape: dict[str, Any] = {
         "v": 1,
         "format": fmt,
-        "gzip": gzip,
+        "gzip": compression == "gzip",
         "handler": handler,
         "chunk_records": chunk_records,
         "max_record_bytes": max_record_bytes,
     }
+    if compression not in (None, "gzip"):
+        shape["compression"] = compression
+    if reading:
+        shape["reading"] = dict(reading)
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 

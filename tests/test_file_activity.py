@@ -185,7 +185,7 @@ def test_multi_chunk_csv_writes_each_record_once_with_checkpoints(s3: Any, bucke
     obj = upload(s3, src, "in/data.csv", data)
     req = file_input(buckets, obj, chunk_records=500)
     fingerprint = checkpoint.fingerprint(
-        fmt="csv", gzip=False, handler="passthrough", chunk_records=500, max_record_bytes=1024 * 1024
+        fmt="csv", compression=None, handler="passthrough", chunk_records=500, max_record_bytes=1024 * 1024
     )
     checked: list[int] = []
 
@@ -318,7 +318,7 @@ def test_parts_written_under_other_options_are_not_reused(s3: Any, buckets: tupl
     assert part_rows(s3, out, obj.key) == rows
     assert (result.resumed_from_record, result.chunks) == (0, 3)
     assert stored_checkpoint(s3, out, obj.key, 2)["fingerprint"] == checkpoint.fingerprint(  # type: ignore[index]
-        fmt="jsonl", gzip=False, handler=counter.name, chunk_records=400, max_record_bytes=1024 * 1024
+        fmt="jsonl", compression=None, handler=counter.name, chunk_records=400, max_record_bytes=1024 * 1024
     )
 
 

@@ -811,19 +811,23 @@ def test_resume_at_end_with_trailing_blank_lines_yields_nothing() -> None:
 @pytest.mark.parametrize(
     ("key", "fmt", "expected"),
     [
-        ("a/b.csv", "auto", ("csv", False)),
-        ("a/B.CSV", "auto", ("csv", False)),
-        ("a/b.csv.gz", "auto", ("csv", True)),
-        ("b.jsonl", "auto", ("jsonl", False)),
-        ("b.ndjson.GZ", "auto", ("jsonl", True)),
-        ("b.json", "auto", ("jsonl", False)),
-        ("b.json.gz", "auto", ("jsonl", True)),
-        ("b.txt", "csv", ("csv", False)),
-        ("b.txt.gz", "jsonl", ("jsonl", True)),
-        ("b.jsonl", "csv", ("csv", False)),
+        ("a/b.csv", "auto", ("csv", None)),
+        ("a/B.CSV", "auto", ("csv", None)),
+        ("a/b.csv.gz", "auto", ("csv", "gzip")),
+        ("a/b.csv.zst", "auto", ("csv", "zstd")),
+        ("a/b.CSV.BZ2", "auto", ("csv", "bzip2")),
+        ("b.jsonl", "auto", ("jsonl", None)),
+        ("b.ndjson.GZ", "auto", ("jsonl", "gzip")),
+        ("b.jsonl.bz2", "auto", ("jsonl", "bzip2")),
+        ("b.json", "auto", ("jsonl", None)),
+        ("b.json.gz", "auto", ("jsonl", "gzip")),
+        ("b.txt", "csv", ("csv", None)),
+        ("b.txt.gz", "jsonl", ("jsonl", "gzip")),
+        ("b.txt.zst", "jsonl", ("jsonl", "zstd")),
+        ("b.jsonl", "csv", ("csv", None)),
     ],
 )
-def test_resolve_format(key: str, fmt: str, expected: tuple[str, bool]) -> None:
+def test_resolve_format(key: str, fmt: str, expected: tuple[str, str | None]) -> None:
     assert resolve_format(key, fmt) == expected
 
 
@@ -833,7 +837,7 @@ def test_resolve_format_unknown_extension_says_what_to_do(key: str) -> None:
         resolve_format(key, "auto")
     message = str(info.value)
     assert repr(key) in message
-    assert ".csv, .jsonl, .ndjson or .json, optionally .gz" in message
+    assert ".csv, .jsonl, .ndjson or .json, optionally .gz, .zst or .bz2" in message
     assert "set format to 'csv' or 'jsonl'" in message
     assert isinstance(info.value, ValueError)
 

@@ -11,6 +11,7 @@ from typing import IO
 
 from s3batch.errors import UnknownFormatError
 from s3batch.formats.common import ParsedFormat
+from s3batch.formats.compression import Compression, split_suffix
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.formats.parquet import ParquetParser
@@ -22,40 +23,40 @@ _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _PARQUET_EXTENSIONS = (".parquet", ".pq")
 
 
-def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, bool]:
-    """Return ``(format, gzip)`` for an object key.
+def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None]:
+    """Return ``(format, compression)`` for an object key.
 
     Args:
-        key: The object key; a ``.gz`` suffix means gzip.
+        key: The object key; a ``.gz``, ``.zst`` or ``.bz2`` suffix names its compression, and the
+            extension before it its format (``data.csv.zst``).
         fmt: ``csv``, ``jsonl``, ``parquet`` or ``auto`` (pick by extension). Parquet compresses
             inside the file: a ``.parquet.gz`` is refused.
 
     Raises:
         UnknownFormatError: ``fmt`` is ``auto`` and the extension is not recognised.
     """
-    lowered = key.lower()
-    gz = lowered.endswith(".gz")
-    base = lowered[:-3] if gz else lowered
+    base, compression = split_suffix(key)
     if fmt == "csv":
-        return "csv", gz
+        return "csv", compression
     if fmt == "jsonl":
-        return "jsonl", gz
+        return "jsonl", compression
     if fmt == "parquet" or (fmt == "auto" and base.endswith(_PARQUET_EXTENSIONS)):
-        if gz:
+        if compression is not None:
             raise UnknownFormatError(
-                f"{key!r} is a gzip-compressed Parquet file, which s3batch cannot read in row groups; "
+                f"{key!r} is a {compression}-compressed Parquet file, which s3batch cannot read in row groups; "
                 "upload it uncompressed (Parquet compresses its own columns)"
             )
-        return "parquet", False
+        return "parquet", None
     if fmt != "auto":
         raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl', 'parquet' or 'auto'")
     if base.endswith(_CSV_EXTENSIONS):
-        return "csv", gz
+        return "csv", compression
     if base.endswith(_JSONL_EXTENSIONS):
-        return "jsonl", gz
+        return "jsonl", compression
     raise UnknownFormatError(
         f"cannot tell the format of {key!r} from its extension (expected .csv, .jsonl, .ndjson or "
-        ".json, optionally .gz, or .parquet); set format to 'csv' or 'jsonl' (or 'parquet') in the job input"
+        ".json, optionally .gz, .zst or .bz2, or .parquet); set format to 'csv' or 'jsonl' (or 'parquet') "
+        "in the job input"
     )
 
 

@@ -1,16 +1,15 @@
 """Opening one source file on S3 at a checkpoint, as a stream of records.
 
 A plain file is read from the checkpoint's byte offset with ranged GETs pinned to the listed version
-(a CSV's header row is read first from byte 0); a ``.gz`` file is decompressed from its start and the
-records already committed are skipped (a gzip stream cannot be entered mid-way).
+(a CSV's header row is read first from byte 0); a compressed file (``.gz``, ``.zst``, ``.bz2``: see
+:mod:`s3batch.formats.compression`) is decompressed from its start and the records already committed
+are skipped (a compressed stream cannot be entered mid-way).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
-import zlib
 from collections.abc import Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
@@ -18,16 +17,13 @@ from typing import TYPE_CHECKING, Any, cast
 from s3batch.errors import BadFile
 from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
+from s3batch.formats.compression import Compression, CorruptCompressed, advice, open_decompressed
 from s3batch.formats.csv import read_csv_header
 from s3batch.formats.parquet import ParquetParser, PinnedFile
 from s3batch.s3io import RangedReader, open_object
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
-
-GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
-"""What reading a corrupt or truncated ``.gz`` raises."""
-
 
 class SourceFile:
     """One version of one source object, read as records of ``fmt``.
@@ -39,7 +35,7 @@ class SourceFile:
         etag: The listed version's ETag (every read is pinned to it).
         size: The object's size.
         fmt: Its format.
-        gz: Whether it is gzip-compressed.
+        compression: How it is compressed (None: not).
         max_record_bytes: The job's limit on one record.
     """
 
@@ -52,7 +48,7 @@ class SourceFile:
         etag: str,
         size: int,
         fmt: ParsedFormat,
-        gz: bool,
+        compression: Compression | None,
         max_record_bytes: int,
     ) -> None:
         self.s3 = s3
@@ -61,7 +57,7 @@ class SourceFile:
         self.etag = etag
         self.size = size
         self.fmt = fmt
-        self.gz = gz
+        self.compression = compression
         self.max_record_bytes = max_record_bytes
         self.where = f"s3://{bucket}/{key}"
         self.version_id: str | None = None
@@ -87,22 +83,22 @@ class SourceFile:
         """An iterator of the records from a checkpoint on, and the parser (for offsets and lines).
 
         Args:
-            next_record: Records already committed (skipped in a ``.gz`` file).
+            next_record: Records already committed (skipped in a compressed file).
             byte_offset: Where the next record starts (plain files).
             line: The line where it starts.
             stack: Closes the streams opened.
 
         Raises:
-            BadFile: The CSV header row cannot be used, or a ``.gz`` holds fewer records than committed.
+            BadFile: The CSV header row cannot be used, or a compressed file holds fewer records than committed.
         """
         max_bytes = self.max_record_bytes
         if self.fmt == "parquet":
             return self.parquet_rows(next_record, stack)
         try:
-            if self.gz:
+            if self.compression is not None:
                 raw = stack.enter_context(self._open(0))
                 self.raw = cast(RangedReader, raw.raw)
-                stream: Any = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+                stream: Any = stack.enter_context(open_decompressed(raw, self.compression))
                 parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes)
                 records = iter(parser)
                 skipped = sum(1 for _ in islice(records, next_record))
@@ -132,23 +128,14 @@ class SourceFile:
         parser = ParquetParser(file, self.where, next_record)
         return iter(parser), parser
 
-    def bad_gzip(self, err: Exception, committed: int) -> BadFile:
-        """A corrupt or truncated ``.gz`` (``err``, one of :data:`GZIP_ERRORS`): a bad file, not worth
-        retrying. Never quotes its bytes.
+    def bad_compressed(self, err: CorruptCompressed, committed: int) -> BadFile:
+        """A corrupt or truncated compressed file: a bad file, not worth retrying. Never quotes its bytes.
 
         Args:
             committed: Records committed before.
         """
         at = self.raw.position if self.raw is not None else 0
-        if isinstance(err, EOFError):
-            what = "is truncated: its gzip stream ends before the end-of-stream marker"
-        elif isinstance(err, zlib.error):
-            what = f"holds corrupt compressed data ({str(err).split(':')[-1].strip()})"
-        elif str(err).startswith("Not a gzipped file"):
-            what = "is not gzip data (it does not start with the gzip signature 1f 8b)"
-        else:
-            what = f"is corrupt gzip ({str(err).split('(')[0].strip()})"
         return BadFile(
-            f"{self.where} {what}, near compressed byte {at} ({committed} records committed before). "
-            "Upload it again, or give it a name without '.gz' if it is not compressed; retrying cannot fix it."
+            f"{self.where} {err.what}, near compressed byte {at} ({committed} records committed before). "
+            + advice(err.compression)
         )
