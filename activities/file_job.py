@@ -27,11 +27,14 @@ from s3batch.handlers import get_handler
 from s3batch.models import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
+from s3batch.sinks import Sink, open_sink
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.sinks.postgres import PostgresPools
 
 BEAT_INTERVAL = 1.0
 """Seconds between two heartbeat calls of one file (see ``FileJob._beat``)."""
@@ -78,6 +81,7 @@ class FileJob:
         heartbeat: The checkpoint found in the last heartbeat details for this file, if any.
         index: Position of the file in its group; sent along with each heartbeat.
         fresh: Known to have no output yet (its group's output prefix is empty).
+        pools: The worker's PostgreSQL pools (for a job whose ``sink`` is a table).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class FileJob:
         index: int | None = None,
         *,
         fresh: bool = False,
+        pools: PostgresPools | None = None,
     ) -> None:
         self.s3 = s3
         self.settings = settings
@@ -124,7 +129,7 @@ class FileJob:
             compression=self.compression,
             max_record_bytes=req.max_record_bytes,
         )
-        self.output = self._output(settings)
+        self.output = self._output(settings, pools)
         self.dir = self.output.dir
         self._check_key_length()
         self.checkpoint: Checkpoint | None = None
@@ -133,8 +138,8 @@ class FileJob:
         self.resumed_from = 0
         """``next_record`` this attempt started from."""
 
-    def _output(self, settings: Settings) -> FileOutput:
-        """The file's output folder, for this source version and these options."""
+    def _output(self, settings: Settings, pools: PostgresPools | None) -> Sink:
+        """The file's sink (by default its S3 output folder), for this source version and these options."""
         req = self.req
         shape = fingerprint(
             fmt=self.fmt,
@@ -142,8 +147,9 @@ class FileJob:
             handler=req.handler,
             chunk_records=req.chunk_records,
             max_record_bytes=req.max_record_bytes,
+            sink=req.sink.shape() if req.sink is not None else None,
         )
-        return FileOutput(
+        folder = FileOutput(
             self.s3,
             bucket=req.output_bucket,
             output_prefix=req.output_prefix,
@@ -154,6 +160,7 @@ class FileJob:
             put_params=sse_params(settings),
             log_extra=self.log_extra,
         )
+        return open_sink(req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=self.where)
 
     def _check_key_length(self) -> None:
         """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
@@ -310,6 +317,7 @@ class FileJob:
                 with activity.shield_thread_cancel_exception():
                     output: list[bytes] = []
                     rejects: list[tuple[int, bytes]] = []
+                    lines: list[int] = []  # the source line of each output
                     taken = buffered = 0
                     # A chunk ends after chunk_records records, or once its source bytes or its
                     # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
@@ -325,14 +333,14 @@ class FileJob:
                             break
                         taken += len(batch)
                         self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
-                        buffered += self.books.handle(batch, output, rejects)
+                        buffered += self.books.handle(batch, output, rejects, lines)
                         self._beat(cp)  # liveness; the SDK throttles what reaches the server
                     end_offset = None if self.gz or self.fmt == "parquet" else parser.offset
                     end_line = parser.line
                     chunk_start = parser.offset
                     lookahead = list(islice(records, 1))
                     done = not lookahead
-                    cp = self._commit(cp, taken, output, rejects, end_offset, end_line, done)
+                    cp = self._commit(cp, taken, (output, rejects, lines), end_offset, end_line, done)
                     self._beat(cp, force=True)  # every committed checkpoint
                     self._check_rejects(cp)
                 if done:
@@ -342,13 +350,14 @@ class FileJob:
         self,
         cp: Checkpoint,
         taken: int,
-        output: list[bytes],
-        rejects: list[tuple[int, bytes]],
+        chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]],
         end_offset: int | None,
         end_line: int,
         done: bool,
     ) -> Checkpoint:
-        """Write the chunk's rejects, then its part carrying the new checkpoint (the commit point)."""
+        """Commit the chunk (``chunk``: its outputs, rejects and the source line of each output) with the
+        new checkpoint through the sink: for S3 parts, the rejects, then the part carrying the checkpoint."""
+        output, rejects, lines = chunk
         raw = self.source.raw
         reasons = self.books.take_reasons()
         new = cp.model_copy(
@@ -370,13 +379,13 @@ class FileJob:
         )
         self.probe.active = False
         self.books.check_chunk(cp, taken, len(output), len(rejects))
-        self.output.commit(cp, new, output, rejects)
+        new = self.output.commit(cp, new, output, rejects, lines)  # the sink may count refused rows as rejects
         self.checkpoint = new
         now = time.monotonic()
         metrics = self.metrics
         metrics.records.add(taken)
-        if rejects:
-            metrics.rejected.add(len(rejects))
+        if new.rejected > cp.rejected:
+            metrics.rejected.add(new.rejected - cp.rejected)
         if new.byte_offset is not None and cp.byte_offset is not None:
             metrics.bytes_read.add(new.byte_offset - cp.byte_offset)
         metrics.chunks.add(1)

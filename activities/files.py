@@ -23,14 +23,18 @@ from s3batch.s3io import any_object, check_allowed, raise_s3_error, strip_etag
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+    from s3batch.sinks.postgres import PostgresPools
 
-def process_file(s3: S3Client, settings: Settings, req: ProcessFileInput) -> FileResult:
+
+def process_file(
+    s3: S3Client, settings: Settings, req: ProcessFileInput, pools: PostgresPools | None = None
+) -> FileResult:
     """Process one object chunk by chunk, resuming from the furthest committed checkpoint (the
     ``s3batch.process_file`` activity)."""
     info = activity.info()
     job: FileJob | None = None
     try:
-        job = FileJob(s3, settings, req, HeartbeatDetails.of(info.heartbeat_details).checkpoint)
+        job = FileJob(s3, settings, req, HeartbeatDetails.of(info.heartbeat_details).checkpoint, pools=pools)
         return job.verify(job.run())
     except (CancelledError, asyncio.CancelledError):
         if not _job_cancelled():
@@ -46,7 +50,9 @@ def process_file(s3: S3Client, settings: Settings, req: ProcessFileInput) -> Fil
         raise unexpected(err, f"s3://{req.bucket}/{req.obj.key}") from None
 
 
-def process_group(s3: S3Client, settings: Settings, req: ProcessGroupInput) -> list[FileResult]:
+def process_group(
+    s3: S3Client, settings: Settings, req: ProcessGroupInput, pools: PostgresPools | None = None
+) -> list[FileResult]:
     """Process small objects one after the other (the ``s3batch.process_group`` activity).
 
     A file that fails for good (changed, missing, bad format) is reported failed without failing the
@@ -71,7 +77,7 @@ def process_group(s3: S3Client, settings: Settings, req: ProcessGroupInput) -> l
         for index, item in enumerate(items):
             hint = beat.checkpoint if index == beat.group_index else None
             try:
-                jobs[index] = job = FileJob(s3, settings, item, hint, index, fresh=fresh)
+                jobs[index] = job = FileJob(s3, settings, item, hint, index, fresh=fresh, pools=pools)
                 results[index] = job.run()
             except S3BatchError as err:
                 if err.retryable:

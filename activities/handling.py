@@ -48,9 +48,16 @@ class HandlerRun:
         self.reasons: Counter[str] = Counter()
         """Reasons of the rejects of the chunk being built (see ``s3batch.rejects``; taken at its commit)."""
 
-    def handle(self, batch: list[Record], output: list[bytes], rejects: list[tuple[int, bytes]]) -> int:
+    def handle(
+        self,
+        batch: list[Record],
+        output: list[bytes],
+        rejects: list[tuple[int, bytes]],
+        lines: list[int] | None = None,
+    ) -> int:
         """Run the handler on the parsed records of ``batch``; append JSON-encoded outputs and rejects
-        (as ``(line, JSON line)``). Returns the bytes appended."""
+        (as ``(line, JSON line)``), and to ``lines`` the source line of each output (see
+        ``HandlerResult.lines``). Returns the bytes appended."""
         good = batch
         before = len(rejects)
         if any(r.error is not None for r in batch):
@@ -77,6 +84,8 @@ class HandlerRun:
             ) from None
         encoded = result.output if result.encoded else self._encoded(result.output, "returned a value")
         output.extend(encoded)
+        if lines is not None:
+            lines.extend(_output_lines(result, good))
         self._add_rejects(result.rejects, rejects)
         return sum(len(b) for b in encoded) + sum(len(b) for _, b in rejects[before:])
 
@@ -109,6 +118,7 @@ class HandlerRun:
             list(result.rejects),
             getattr(result, "encoded", False),
             getattr(result, "dropped", None),
+            getattr(result, "lines", None),
         )
         self._handed += len(records)
         self._handler_rejects += len(result.rejects)
@@ -166,3 +176,12 @@ class HandlerRun:
             "HandlerResult(..., dropped=n) must account for every record it is given (outputs + rejects + "
             "dropped); otherwise this is a bug in s3batch, please report it."
         )
+
+
+def _output_lines(result: HandlerResult, given: Sequence[Record]) -> Sequence[int]:
+    """The source line of each of ``result``'s outputs (see ``HandlerResult.lines``)."""
+    if result.lines is not None and len(result.lines) == len(result.output):
+        return result.lines
+    if len(result.output) == len(given):
+        return [r.line for r in given]
+    return [given[0].line] * len(result.output)

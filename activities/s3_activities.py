@@ -37,9 +37,12 @@ from s3batch.models import (
 )
 from s3batch.report import JobReport, assemble_report, books_error, read_report, read_segment, segment_body
 from s3batch.s3io import check_allowed, check_ceilings, raise_s3_error, sse_params
+from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.sinks.postgres import PostgresPools
 
 
 class S3Activities:
@@ -59,6 +62,21 @@ class S3Activities:
         self.source_keys: list[bytes] = []
         """The encryption keyring (first = current), set by the plugin: ``S3BatchSource`` is then an
         HMAC of the source, never its name."""
+        self._pools: PostgresPools | None = None
+
+    @property
+    def pools(self) -> PostgresPools:
+        """The worker's PostgreSQL pools, one per connection name (``postgres`` sinks; built on first use)."""
+        if self._pools is None:
+            from s3batch.sinks.postgres import PostgresPools
+
+            self._pools = PostgresPools(self.settings, max_size=self.settings.max_concurrent_files)
+        return self._pools
+
+    def close(self) -> None:
+        """Close the PostgreSQL pools (when the worker stops)."""
+        if self._pools is not None:
+            self._pools.close()
 
     # ------------------------------------------------------------------ job checks and listing
 
@@ -74,6 +92,10 @@ class S3Activities:
         if job.only_failed_of:
             self._report_location(job.only_failed_of)
         check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
+        if isinstance(job.sink, PostgresSink):
+            from s3batch.sinks.postgres import check_sink
+
+            check_sink(job.sink, self.pools)  # a connection this worker lacks, a missing table: fail at start
         try:
             self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
@@ -131,7 +153,7 @@ class S3Activities:
         Failures carry ``{"attempt": n}`` as details so the job report can say how many attempts
         a failed file had.
         """
-        return files.process_file(self.s3, self.settings, req)
+        return files.process_file(self.s3, self.settings, req, self._pools_for(req.sink))
 
     @activity.defn(name="s3batch.process_group")
     @boundary()
@@ -144,7 +166,10 @@ class S3Activities:
         job is cancelled meanwhile, the group returns instead of raising: the files it finished as
         ``succeeded``, the others as ``cancelled`` (with their checkpoint's counts, where they have one).
         """
-        return files.process_group(self.s3, self.settings, req)
+        return files.process_group(self.s3, self.settings, req, self._pools_for(req.file.sink))
+
+    def _pools_for(self, sink: object) -> PostgresPools | None:
+        return self.pools if isinstance(sink, PostgresSink) else None
 
     # ------------------------------------------------------------------ report
 

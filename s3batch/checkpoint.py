@@ -124,6 +124,7 @@ def fingerprint(
     chunk_records: int,
     max_record_bytes: int,
     reading: Mapping[str, Any] | None = None,
+    sink: Mapping[str, Any] | None = None,
 ) -> str:
     """Hash of the options that shape a file's output; parts from other options are not reused.
 
@@ -133,6 +134,8 @@ def fingerprint(
         reading: The reading options that differ from their defaults (CSV dialect, header, encoding:
             ``s3batch.formats.dialect``); empty for a job with the defaults, whose fingerprint is then
             the one earlier releases computed.
+        sink: The sink's shape (``S3Sink.shape()``, ``PostgresSink.shape()``); None for the default
+            JSONL parts, whose fingerprint is then the one earlier releases computed.
     """
     shape: dict[str, Any] = {
         "v": 1,
@@ -146,6 +149,8 @@ def fingerprint(
         shape["compression"] = compression
     if reading:
         shape["reading"] = dict(reading)
+    if sink is not None:
+        shape["sink"] = dict(sink)
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -278,13 +283,31 @@ class FileOutput:
             cp = found.model_copy(update={"version_id": cp.version_id or found.version_id})
         return cp
 
-    def commit(self, cp: Checkpoint, new: Checkpoint, output: list[bytes], rejects: list[tuple[int, bytes]]) -> None:
+    def commit(
+        self,
+        cp: Checkpoint,
+        new: Checkpoint,
+        output: list[bytes],
+        rejects: list[tuple[int, bytes]],
+        lines: Sequence[int] = (),
+    ) -> Checkpoint:
         """Write chunk ``cp.chunk``: its rejects (``(line, JSON line)``, put in file order), then its
-        part carrying the new checkpoint ``new`` (the commit point)."""
+        part carrying the new checkpoint ``new`` (the commit point). Returns ``new``, as committed
+        (the :class:`~s3batch.sinks.Sink` interface; ``lines``, the source line of each output, is
+        not needed here)."""
+        self.write_rejects(cp.chunk, new, rejects)
+        self._put(self._key(cp.chunk, "part"), self.part_body(output), new)
+        return new
+
+    def part_body(self, output: list[bytes]) -> bytes:
+        """The bytes of a part holding ``output`` (JSON documents): one a line."""
+        return b"\n".join(output) + b"\n" if output else b""
+
+    def write_rejects(self, chunk: int, new: Checkpoint, rejects: list[tuple[int, bytes]]) -> None:
+        """Write the rejects file of ``chunk`` (none without rejects), carrying the checkpoint ``new``."""
         if rejects:
             rejects.sort(key=lambda r: r[0])  # parser and handler rejects, in file order
-            self._put(self._key(cp.chunk, "rejects"), b"".join(line + b"\n" for _, line in rejects), new)
-        self._put(self._key(cp.chunk, "part"), b"\n".join(output) + b"\n" if output else b"", new)
+            self._put(self._key(chunk, "rejects"), b"".join(line + b"\n" for _, line in rejects), new)
 
     def _put(self, key: str, body: bytes, cp: Checkpoint) -> None:
         raw = cp.model_dump_json()

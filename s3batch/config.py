@@ -9,7 +9,9 @@ boto3's own chain. Only s3batch's own knobs are ``S3BATCH_*`` variables.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Literal
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -81,6 +83,12 @@ class Settings(BaseSettings):
     codec_token: SecretStr = SecretStr("")
     """Bearer token every caller of the codec server (``python -m s3batch.codec serve``) must send."""
 
+    postgres_dsns: dict[str, SecretStr] = Field(default_factory=dict)
+    """DSNs of the PostgreSQL connections a job's ``sink`` may name, given in code
+    (``Settings.explicit(postgres_dsns={"warehouse": "postgresql://..."})``). From the environment,
+    connection ``warehouse`` is ``S3BATCH_POSTGRES_WAREHOUSE_DSN``, or the file that
+    ``S3BATCH_POSTGRES_WAREHOUSE_DSN_FILE`` names (see :meth:`postgres_dsn`)."""
+
     @classmethod
     def explicit(cls, **values: Any) -> Settings:
         """These values and the defaults, validated, without reading the environment."""
@@ -102,6 +110,30 @@ class Settings(BaseSettings):
                 KEY_FILE_ENV: self.encryption_key_file,
             }
         )
+
+    def postgres_dsn(self, name: str) -> str | None:
+        """The DSN of the PostgreSQL connection ``name`` (None: this worker has none of that name).
+
+        From ``postgres_dsns``, else (settings read from the environment) ``S3BATCH_POSTGRES_<NAME>_DSN``,
+        else the content of the file ``S3BATCH_POSTGRES_<NAME>_DSN_FILE`` names (stripped).
+
+        Raises:
+            OSError: The DSN file cannot be read.
+        """
+        given = self.postgres_dsns.get(name)
+        if given is not None:
+            return given.get_secret_value()
+        if not self._reads_environment:
+            return None
+        variable = f"S3BATCH_POSTGRES_{name.upper()}_DSN"
+        dsn = os.environ.get(variable)
+        if dsn:
+            return dsn
+        path = os.environ.get(variable + "_FILE")
+        return Path(path).read_text().strip() or None if path else None
+
+    _reads_environment: ClassVar[bool] = True
+    """False for ``Settings.explicit``: DSNs come from ``postgres_dsns`` only."""
 
     def allow_plaintext(self) -> bool:
         """``S3BATCH_ENCRYPTION_ALLOW_PLAINTEXT`` as a boolean.
@@ -131,6 +163,8 @@ class Settings(BaseSettings):
 
 class _ExplicitSettings(Settings):
     """:class:`Settings` from the given values and the defaults only (``Settings.explicit``)."""
+
+    _reads_environment: ClassVar[bool] = False
 
     @classmethod
     def settings_customise_sources(

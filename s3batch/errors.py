@@ -85,6 +85,10 @@ class InvalidInput(S3BatchError):
     type_name = "InvalidInput"
 
 
+class SinkInvalid(InvalidInput):
+    """The job's sink cannot work on this worker: a connection it lacks, a missing table or columns."""
+
+
 class BadFile(S3BatchError):
     """The file cannot be read as its format (corrupt gzip, an unreadable header, a non-JSON output)."""
 
@@ -142,6 +146,15 @@ class HandlerError(S3BatchError):
     """The job's handler raised; the whole chunk is retried."""
 
     type_name = "HandlerError"
+    retryable = True
+
+
+class SinkError(S3BatchError):
+    """The sink's database failed a chunk's transaction (unreachable, restarted, or another attempt of
+    the file committed that chunk first): nothing of the chunk is committed, and the next attempt
+    resumes from the checkpoint in the database."""
+
+    type_name = "SinkError"
     retryable = True
 
 

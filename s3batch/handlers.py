@@ -59,6 +59,10 @@ class HandlerResult(NamedTuple):
     record it was given: ``len(output) + len(rejects) + dropped`` must equal the number of records,
     or the file fails with ``AccountingError``. None: outputs are not tied to records (fan-out,
     aggregation); only the rejects are checked (at most one per record)."""
+    lines: list[int] | None = None
+    """The source line of each output (``Record.line``), where a sink names it (a row the database
+    refuses becomes a reject of that line). None: the record's when there is one output per record
+    given, else the first line of the records given."""
 
 
 ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
@@ -94,6 +98,7 @@ def record_handler(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any]
         def run_chunk(records: Sequence[Record]) -> HandlerResult:
             output: list[Any] = []
             rejects: list[Reject] = []
+            lines: list[int] = []
             for record in records:
                 try:
                     result = fn(record.value)
@@ -102,7 +107,8 @@ def record_handler(name: str) -> Callable[[Callable[[Any], Any]], Callable[[Any]
                     continue
                 if result is not None:
                     output.append(result)
-            return HandlerResult(output, rejects, dropped=len(records) - len(output) - len(rejects))
+                    lines.append(record.line)
+            return HandlerResult(output, rejects, dropped=len(records) - len(output) - len(rejects), lines=lines)
 
         register(name, run_chunk)
         return fn
@@ -170,6 +176,7 @@ def customers(records: Sequence[Record]) -> HandlerResult:
     """Validate each row against :class:`Customer`; invalid rows become rejects, not failures."""
     output: list[bytes] = []
     rejects: list[Reject] = []
+    lines: list[int] = []
     for record in records:
         try:
             customer = _validate_customer(record.value)
@@ -178,4 +185,5 @@ def customers(records: Sequence[Record]) -> HandlerResult:
             rejects.append(Reject(record.line, reason, record.value, reason))
             continue
         output.append(_customer_json(customer))
-    return HandlerResult(output, rejects, encoded=True, dropped=0)
+        lines.append(record.line)
+    return HandlerResult(output, rejects, encoded=True, dropped=0, lines=lines)

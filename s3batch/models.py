@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from s3batch import layout
+from s3batch.sinks.spec import Sink
 from s3batch.validation import INPUT_ERROR
 
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
@@ -65,6 +66,9 @@ def _without_nones(data: Any, names: frozenset[str]) -> Any:
 
 REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_rejected_total"})
 """The job options on rejects (see ``s3batch.rejects``); None: no limit."""
+
+_UNSET_OMITTED = REJECT_LIMITS | {"sink"}
+"""Job options left out of the input as written when unset: a job without them is written as before."""
 
 
 class S3BatchInput(BaseModel):
@@ -119,6 +123,9 @@ class S3BatchInput(BaseModel):
     only_failed_of: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
     """Redrive: ``s3://bucket/key`` of an earlier job's report; only the files that failed (or
     were cancelled) there and lie under ``prefix`` are processed, at their current version."""
+    sink: Sink | None = None
+    """Where the records go (see ``s3batch.sinks.spec``): ``{"type": "s3"}`` (JSONL parts, the default),
+    ``{"type": "s3", "format": "parquet"}``, or ``{"type": "postgres", "connection": ..., "table": ...}``."""
 
     @field_validator("output_prefix")
     @classmethod
@@ -154,7 +161,7 @@ class S3BatchInput(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_nones(handler(self), REJECT_LIMITS)
+        return _without_nones(handler(self), _UNSET_OMITTED)
 
 
 class JobSpec(S3BatchInput):
@@ -274,6 +281,15 @@ class ProcessFileInput(_Model):
     max_record_bytes: int
     max_rejected_records: int | None = None
     max_rejected_ratio: float | None = None
+    sink: Sink | None = None
+    """The job's sink; None (left out of the payload): JSONL parts, as before sinks existed."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sink(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), _SINK)
+
+
+_SINK = frozenset({"sink"})
 
 
 class ProcessGroupInput(_Model):

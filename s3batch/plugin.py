@@ -232,3 +232,5 @@ class S3BatchPlugin(SimplePlugin):
                 assert executor is not None
                 self._executors.discard(executor)
                 executor.shutdown(wait=False)
+            if self._activities is not None:
+                self._activities.close()  # the PostgreSQL pools (postgres sinks)

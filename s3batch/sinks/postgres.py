@@ -1,0 +1,490 @@
+"""The PostgreSQL sink: a file's rows into an existing table, each chunk committed together with the
+file's checkpoint in one transaction.
+
+The database is the checkpoint's source of truth for this sink: the row of the file in
+``{schema}.s3batch_checkpoints`` (next to the target table) advances in the same transaction as the
+chunk's rows, so a worker killed at any point leaves each chunk either wholly committed with its
+checkpoint or not at all, and the next attempt resumes from the checkpoint it reads back. The
+transaction first locks the file's checkpoint row and checks that it is where this attempt expects
+it: a second attempt of the same file (a zombie worker) that committed first makes the other's
+chunk fail with ``SinkError`` and roll back.
+
+Rows are written with ``COPY`` (``insert``), or ``COPY`` into a temporary table and ``INSERT ... ON
+CONFLICT (key) DO UPDATE`` (``upsert``). Values are the handler's JSON output, mapped to columns by
+name and converted by the database. A row the database refuses (a bad date, a NULL in a NOT NULL
+column, a duplicate key in ``insert`` mode) becomes a reject with the database's reason and the
+source line: the chunk's write is retried in halves, each in a savepoint, down to the rows refused,
+so the good rows keep ``COPY``'s speed. Rejects go to the S3 rejects files, as with the other sinks.
+
+The job names a connection; its DSN comes from the worker's environment (``Settings.postgres_dsn``)
+and never enters the job's history or heartbeats. One pool per connection name per worker
+(:class:`PostgresPools`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from s3batch import layout
+from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.errors import BadFile, SinkError, SinkInvalid
+from s3batch.jsonvalues import encode_json, inexact_positions, loads_exact, numbers_as_written
+from s3batch.rejects import merge, reason_key
+from s3batch.sinks.spec import PostgresSink
+
+if TYPE_CHECKING:
+    from s3batch.config import Settings
+
+CHECKPOINT_TABLE = "s3batch_checkpoints"
+"""The table of the files' checkpoints, created in the target table's schema when missing."""
+
+_REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
+"""What the database raises for a row it refuses (SQLSTATE classes 22 and 23): such rows are rejects."""
+
+_CHECKPOINT_DDL = """
+CREATE TABLE IF NOT EXISTS {table} (
+    target text NOT NULL,
+    source_bucket text NOT NULL,
+    source_key text NOT NULL,
+    job_id text NOT NULL,
+    etag text NOT NULL,
+    version_id text,
+    fingerprint text NOT NULL,
+    chunk integer NOT NULL,
+    next_record bigint NOT NULL,
+    byte_offset bigint,
+    done boolean NOT NULL,
+    checkpoint jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (target, source_bucket, source_key)
+)
+"""
+
+
+class PostgresPools:
+    """The worker's connection pools, one per connection name (opened on first use).
+
+    Args:
+        settings: Where the DSNs come from (``Settings.postgres_dsn``).
+        max_size: Connections per pool at most (the worker's activity slots).
+    """
+
+    def __init__(self, settings: Settings, max_size: int = 8) -> None:
+        self.settings = settings
+        self.max_size = max_size
+        self._pools: dict[str, ConnectionPool[Any]] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, name: str) -> ConnectionPool[Any]:
+        """The pool of connection ``name``.
+
+        Raises:
+            SinkInvalid: The worker has no DSN for ``name`` (or cannot read its DSN file).
+        """
+        with self._lock:
+            found = self._pools.get(name)
+            if found is not None:
+                return found
+            variable = f"S3BATCH_POSTGRES_{name.upper()}_DSN"
+            try:
+                dsn = self.settings.postgres_dsn(name)
+            except OSError as err:
+                raise SinkInvalid(
+                    f"the sink's PostgreSQL connection {name!r}: cannot read the file {variable}_FILE names "
+                    f"({type(err).__name__}); fix the worker's environment"
+                ) from None
+            if not dsn:
+                raise SinkInvalid(
+                    f"the sink names PostgreSQL connection {name!r}, which this worker does not have: set "
+                    f"{variable} (or {variable}_FILE, a file holding the DSN) in the workers' environment, "
+                    "or name another connection"
+                )
+            pool: ConnectionPool[Any] = ConnectionPool(
+                dsn, min_size=1, max_size=self.max_size, open=True, name=f"s3batch-{name}", timeout=30
+            )
+            self._pools[name] = pool
+            return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
+def pools_or_default(pools: PostgresPools | None) -> PostgresPools:
+    if pools is None:
+        raise SinkInvalid("a PostgreSQL sink needs the worker's pools (S3Activities.pools); none were given")
+    return pools
+
+
+def _database_error(err: BaseException, doing: str, spec: PostgresSink) -> SinkError:
+    """A database failure as a retryable ``SinkError`` (SQLSTATE and class, never the server's text,
+    which may quote values)."""
+    state = getattr(getattr(err, "diag", None), "sqlstate", None)
+    code = f", SQLSTATE {state}" if state else ""
+    return SinkError(
+        f"PostgreSQL connection {spec.connection!r} failed while {doing} table {spec.table} "
+        f"({type(err).__name__}{code}); the chunk was not committed and is retried from the database's checkpoint"
+    )
+
+
+def _checkpoint_table(spec: PostgresSink) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(CHECKPOINT_TABLE))
+
+
+def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str]:
+    """The columns of the target table, in order; creates the checkpoint table when missing.
+
+    Raises:
+        SinkInvalid: The table does not exist, or the upsert key names a column it lacks.
+    """
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (spec.schema_name, spec.table_name),
+    ).fetchall()
+    if not rows:
+        raise SinkInvalid(
+            f"the sink's table {spec.schema_name}.{spec.table_name} does not exist in the database of connection "
+            f"{spec.connection!r}: create it first (s3batch writes rows into an existing table)"
+        )
+    columns = [r[0] for r in rows]
+    missing = [k for k in spec.key or () if k not in columns]
+    if missing:
+        raise SinkInvalid(
+            f"the sink's upsert key names columns that table {spec.schema_name}.{spec.table_name} lacks: "
+            f"{', '.join(missing)} (it has {', '.join(columns)})"
+        )
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL(_CHECKPOINT_DDL).format(table=_checkpoint_table(spec)))
+    except psycopg.errors.UniqueViolation:
+        pass  # created at the same moment by another worker
+    return columns
+
+
+def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
+    """At the start of a job: the connection is known and reachable, the table exists.
+
+    Raises:
+        SinkInvalid: Unknown connection, missing table or key columns.
+        SinkError: The database cannot be reached.
+    """
+    try:
+        with pools.pool(spec.connection).connection() as conn:
+            table_columns(conn, spec)
+            conn.commit()
+    except (psycopg.Error, PoolTimeout) as err:
+        raise _database_error(err, "checking", spec) from None
+
+
+def _decoded(output: list[bytes]) -> list[Any]:
+    """The handler's JSON outputs as values, every number exact (see ``s3batch.jsonvalues``)."""
+    loads = orjson.loads
+    if not inexact_positions(b"\n".join(output)):
+        return [loads(doc) for doc in output]
+    values = []
+    for doc in output:
+        value = loads(doc)
+        if inexact_positions(doc) and not numbers_as_written(doc, value):
+            value = loads_exact(doc)
+        values.append(value)
+    return values
+
+
+def _cell(value: Any) -> Any:
+    """A JSON value as ``COPY`` is given it: objects and arrays as JSON text (for json/jsonb columns)."""
+    if isinstance(value, dict | list):
+        return encode_json(value).decode()
+    return value
+
+
+class PostgresOutput:
+    """The PostgreSQL sink of one file (see the module docstring): the :class:`~s3batch.sinks.Sink` interface.
+
+    Args:
+        spec: The job's sink.
+        output: The file's S3 output folder: its rejects files, its fingerprint.
+        pools: The worker's pools.
+        job_id: The job's workflow ID (stored with the checkpoint, for people).
+        bucket: The source bucket.
+        where: ``s3://bucket/key`` of the source.
+    """
+
+    def __init__(
+        self, spec: PostgresSink, output: FileOutput, pools: PostgresPools, *, job_id: str, bucket: str, where: str
+    ) -> None:
+        self.spec = spec
+        self.output = output
+        self.dir = output.dir
+        self.fingerprint = output.fingerprint
+        self.job_id = job_id
+        self.bucket = bucket
+        self.where = where
+        self.target = f"{spec.schema_name}.{spec.table_name}"
+        self.pool = pools.pool(spec.connection)
+        self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
+        self._checkpoints = _checkpoint_table(spec)
+        self._row_key = (self.target, bucket, output.key)
+        try:
+            with self.pool.connection() as conn:
+                self.columns = table_columns(conn, spec)
+        except (psycopg.Error, PoolTimeout) as err:
+            raise _database_error(err, "opening", spec) from None
+
+    def is_ours(self, cp: Checkpoint) -> bool:
+        return self.output.is_ours(cp)
+
+    # ---------------------------------------------------------------- resume
+
+    def resume_point(self, heartbeat: Checkpoint | None, start: Checkpoint, *, fresh: bool) -> Checkpoint:
+        """The file's checkpoint in the database when it is this version's, else ``start`` (the
+        heartbeat is never ahead of it: it is sent after the commit)."""
+        try:
+            with self.pool.connection() as conn:
+                row = conn.execute(
+                    sql.SQL("SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s")
+                    .format(self._checkpoints),
+                    self._row_key,
+                ).fetchone()
+        except (psycopg.Error, PoolTimeout) as err:
+            raise _database_error(err, "reading the checkpoint of", self.spec) from None
+        if row is None:
+            return start
+        cp = Checkpoint.model_validate(row[0])
+        return cp if self.is_ours(cp) else start
+
+    # ---------------------------------------------------------------- commit
+
+    def commit(
+        self,
+        cp: Checkpoint,
+        new: Checkpoint,
+        output: list[bytes],
+        rejects: list[tuple[int, bytes]],
+        lines: Sequence[int] = (),
+    ) -> Checkpoint:
+        """One transaction: lock the checkpoint row (and check it is at ``cp``), write the rows, write
+        the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``."""
+        values = _decoded(output)
+        columns = self._columns_of(values)
+        rows = [tuple(_cell(v.get(c)) for c in columns) for v in values]
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                self._lock(conn, cp)
+                refused = self._write(conn, columns, rows)
+                if refused:
+                    new = self._with_refused(new, refused, values, lines, rejects)
+                self.output.write_rejects(cp.chunk, new, rejects)
+                self._advance(conn, new)
+        except (psycopg.Error, PoolTimeout) as err:
+            raise _database_error(err, "writing", self.spec) from None
+        return new
+
+    def _columns_of(self, values: list[Any]) -> list[str]:
+        """The columns the chunk's outputs name (in the table's order); each must exist."""
+        named: dict[str, None] = {}
+        for value in values:
+            if not isinstance(value, dict):
+                raise BadFile(
+                    f"the handler's output for {self.where} is a JSON {type(value).__name__}, not an object: a "
+                    f"PostgreSQL sink maps each output's fields to the columns of {self.target}"
+                )
+            named.update(dict.fromkeys(value))
+        missing = [name for name in named if name not in self.columns]
+        if missing:
+            shown = ", ".join(repr(m[:63]) for m in missing[:20])
+            raise SinkInvalid(
+                f"table {self.target} has no column for the fields {shown} of the handler's output for "
+                f"{self.where}: add the columns, or a handler that outputs only the table's columns "
+                f"({', '.join(self.columns)})"
+            )
+        if self.spec.key:
+            absent = [k for k in self.spec.key if k not in named]
+            if values and absent:
+                raise SinkInvalid(
+                    f"the upsert key columns {', '.join(absent)} are missing from the handler's output for {self.where}"
+                )
+        return [c for c in self.columns if c in named]
+
+    def _lock(self, conn: psycopg.Connection[Any], cp: Checkpoint) -> None:
+        """Lock the file's checkpoint row; fail (``SinkError``) unless it is at ``cp`` (another attempt
+        committed past it: this one must not write the chunk again)."""
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, next_record, "
+                "done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') ON CONFLICT DO NOTHING"
+            ).format(self._checkpoints),
+            (*self._row_key, self.job_id),
+        )
+        row = conn.execute(
+            sql.SQL(
+                "SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s FOR UPDATE"
+            ).format(self._checkpoints),
+            self._row_key,
+        ).fetchone()
+        stored = Checkpoint.model_validate(row[0]) if row is not None and row[0] is not None else None
+        ours = stored is not None and self.is_ours(stored)
+        expected = (not ours) if cp.chunk == 0 else (ours and stored is not None and stored.chunk == cp.chunk)
+        if not expected:
+            at = f"chunk {stored.chunk}" if stored is not None and ours else "another version or options"
+            raise SinkError(
+                f"{self.where}: the checkpoint of this file in {self.target} is at {at}, not at chunk {cp.chunk} "
+                "where this attempt is: another attempt committed it (a worker presumed dead); this one stops "
+                "without writing, and the file resumes from the database's checkpoint"
+            )
+
+    def _advance(self, conn: psycopg.Connection[Any], new: Checkpoint) -> None:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {} SET job_id = %s, etag = %s, version_id = %s, fingerprint = %s, chunk = %s, "
+                "next_record = %s, byte_offset = %s, done = %s, checkpoint = %s, updated_at = now() "
+                "WHERE target = %s AND source_bucket = %s AND source_key = %s"
+            ).format(self._checkpoints),
+            (
+                self.job_id,
+                new.etag,
+                new.version_id,
+                new.fingerprint,
+                new.chunk,
+                new.next_record,
+                new.byte_offset,
+                new.done,
+                new.model_dump_json(),
+                *self._row_key,
+            ),
+        )
+
+    def _write(
+        self, conn: psycopg.Connection[Any], columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> list[tuple[int, Exception]]:
+        """Write ``rows``; return the ones the database refused, as ``(index, error)``."""
+        if not rows:
+            return []
+        names = sql.SQL(", ").join(map(sql.Identifier, columns))
+        if self.spec.mode == "insert":
+            copy = sql.SQL("COPY {} ({}) FROM STDIN").format(self._table, names)
+            return _bisect(conn, len(rows), lambda lo, hi: _copy(conn, copy, rows[lo:hi]))
+        return self._upsert(conn, columns, names, rows)
+
+    def _upsert(
+        self, conn: psycopg.Connection[Any], columns: list[str], names: sql.Composable, rows: list[tuple[Any, ...]]
+    ) -> list[tuple[int, Exception]]:
+        """``COPY`` into a temporary table (type errors found there), then ``INSERT ... ON CONFLICT
+        (key) DO UPDATE`` from it (constraint errors found there); the last row of a key wins."""
+        key = self.spec.key or []
+        stage = sql.Identifier("s3batch_stage_" + hashlib.sha256(self.target.encode()).hexdigest()[:12])
+        conn.execute(
+            sql.SQL("CREATE TEMP TABLE {} (LIKE {}, s3batch_ord bigint) ON COMMIT DROP").format(stage, self._table)
+        )
+        copy = sql.SQL("COPY {} ({}, s3batch_ord) FROM STDIN").format(stage, names)
+        numbered = [(*row, i) for i, row in enumerate(rows)]
+        refused = _bisect(conn, len(rows), lambda lo, hi: _copy(conn, copy, numbered[lo:hi]))
+        keys = sql.SQL(", ").join(map(sql.Identifier, key))
+        updates = [c for c in columns if c not in key]
+        action = (
+            sql.SQL("DO UPDATE SET {}").format(
+                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)
+            )
+            if updates
+            else sql.SQL("DO NOTHING")
+        )
+        insert = sql.SQL(
+            "INSERT INTO {table} ({names}) SELECT DISTINCT ON ({keys}) {names} FROM {stage} "
+            "WHERE s3batch_ord >= %s AND s3batch_ord < %s ORDER BY {keys}, s3batch_ord DESC "
+            "ON CONFLICT ({keys}) {action}"
+        ).format(table=self._table, names=names, keys=keys, stage=stage, action=action)
+        refused += _bisect(conn, len(rows), lambda lo, hi: conn.execute(insert, (lo, hi)), skip={i for i, _ in refused})
+        return sorted(refused, key=lambda r: r[0])
+
+    def _with_refused(
+        self,
+        new: Checkpoint,
+        refused: list[tuple[int, Exception]],
+        values: list[Any],
+        lines: Sequence[int],
+        rejects: list[tuple[int, bytes]],
+    ) -> Checkpoint:
+        """``new`` with the refused rows moved from written to rejected; their rejects added to ``rejects``."""
+        reasons: Counter[str] = Counter()
+        for index, err in refused:
+            diag = getattr(err, "diag", None)
+            state = getattr(diag, "sqlstate", None) or "?"
+            detail = "; ".join(
+                filter(None, (getattr(diag, "message_primary", None), getattr(diag, "message_detail", None)))
+            )
+            line = lines[index] if index < len(lines) else new.line
+            reason = f"refused by PostgreSQL (table {self.target}, SQLSTATE {state}): {detail or type(err).__name__}"
+            summary = f"refused by PostgreSQL: {type(err).__name__} (SQLSTATE {state})"
+            reasons[reason_key(summary)] += 1
+            rejects.append((line, encode_json({"line": line, "reason": reason, "record": values[index]})))
+        n = len(refused)
+        return new.model_copy(
+            update={
+                "records_written": new.records_written - n,
+                "rejected": new.rejected + n,
+                "reject_reasons": merge(new.reject_reasons, reasons),
+            }
+        )
+
+    # ---------------------------------------------------------------- the file's folder
+
+    def stale(self, cp: Checkpoint, listed: dict[str, str], where: str) -> list[str]:
+        """The output objects of the folder that are not this version's rejects files (the rows are in
+        the table; parts there are another sink's or version's)."""
+        found: list[str] = []
+        for name in listed:
+            kind = layout.output_kind(name)
+            if kind is None:
+                continue
+            what, chunk = kind
+            if what == "rejects" and chunk < cp.chunk and self.output.ours(name, chunk, "rejects", listed[name]):
+                continue
+            found.append(name)
+        return sorted(found)
+
+
+def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequence[tuple[Any, ...]]) -> None:
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        write = copy.write_row
+        for row in rows:
+            write(row)
+
+
+def _bisect(
+    conn: psycopg.Connection[Any],
+    n: int,
+    attempt: Callable[[int, int], object],
+    skip: set[int] | frozenset[int] = frozenset(),
+) -> list[tuple[int, Exception]]:
+    """Run ``attempt(lo, hi)`` over ``0..n`` in a savepoint; where the database refuses a row, retry
+    the halves, down to the single rows refused (returned as ``(index, error)``). ``skip``: indices
+    already refused (a range of only those is not attempted)."""
+    refused: list[tuple[int, Exception]] = []
+    todo = [(0, n)]
+    while todo:
+        lo, hi = todo.pop()
+        if all(i in skip for i in range(lo, hi)):
+            continue
+        try:
+            with conn.transaction():
+                attempt(lo, hi)
+        except _REFUSED as err:
+            if hi - lo == 1:
+                refused.append((lo, err))
+                continue
+            mid = (lo + hi) // 2
+            todo.append((mid, hi))
+            todo.append((lo, mid))
+    return refused

@@ -1,0 +1,250 @@
+"""The PostgreSQL sink against a real PostgreSQL server started for this module (``tests.helpers.postgres``):
+rows exactly once with the checkpoint in the same transaction (also across SIGKILLs of a real worker),
+upsert re-runs, rows the database refuses as rejects, a missing table or columns, an unknown connection."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from s3batch.config import Settings
+from s3batch.dev.stack import Stack
+from s3batch.dev.workers import WorkerProcess
+from s3batch.models import S3BatchInput
+from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_invalid_input
+from tests.helpers.data import make_csv
+from tests.helpers.jobs import execute, new_id, start
+from tests.helpers.output import report
+from tests.helpers.postgres import PostgresServer, server_bindir
+from tests.helpers.workers import worker_process
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresServer]:
+    bindir = server_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: pg_config --bindir, /usr/lib/postgresql")
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+    except (RuntimeError, KeyError) as err:  # KeyError: no postgres user to run it as root
+        server.remove()
+        pytest.skip(f"cannot start a PostgreSQL server here: {err}")
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def table(pg: PostgresServer) -> str:
+    """A fresh ``public.items_<hex>`` (id int primary key, name text, note text)."""
+    name = f"items_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{name} (id integer PRIMARY KEY, name text NOT NULL, note text)")
+    return name
+
+
+@pytest.fixture
+async def pg_worker(stack: Stack, pg: PostgresServer, task_queue: str) -> AsyncIterator[Worker]:
+    """An in-process worker whose settings know connection ``test`` (and no other)."""
+    plain = await Client.connect(stack.config.temporal_address)
+    settings = Settings.explicit(postgres_dsns={"test": pg.dsn})
+    plugin = S3BatchPlugin(make_client(), settings=settings, register_search_attributes=False)
+    async with Worker(plain, task_queue=task_queue, plugins=[plugin], max_concurrent_activities=4) as w:
+        yield w
+
+
+def _job(src: str, out: str, table: str, **kw: Any) -> S3BatchInput:
+    sink = kw.pop("sink", {"type": "postgres", "connection": "test", "table": f"public.{table}"})
+    options: dict[str, Any] = {"prefix": "in/", "output_bucket": out, "output_prefix": "o/", "chunk_records": 100}
+    return S3BatchInput.model_validate({"bucket": src, "sink": sink, **options, **kw})
+
+
+def _ids(pg: PostgresServer, table: str) -> list[int]:
+    return [int(r[0]) for r in pg.execute(f"SELECT id FROM public.{table} ORDER BY id")]  # type: ignore[call-overload]
+
+
+def _checkpoint(pg: PostgresServer, key: str) -> dict[str, Any] | None:
+    if pg.execute("SELECT to_regclass('public.s3batch_checkpoints')") == [(None,)]:
+        return None  # no worker has opened the table yet
+    rows = pg.execute("SELECT checkpoint FROM public.s3batch_checkpoints WHERE source_key = %s", (key,))
+    return rows[0][0] if rows else None  # type: ignore[return-value]
+
+
+async def test_rows_land_once_with_their_checkpoint(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
+    pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(1_050))
+    result = await execute(client, task_queue, _job(src, out, table), "pg")
+    assert result.status == "succeeded"
+    assert result.totals.records_written == 1_050
+    rows = pg.execute(f"SELECT id, name, note FROM public.{table} ORDER BY id")
+    assert rows == [(i, f"name, {i}", "") for i in range(1_050)]
+    cp = _checkpoint(pg, "in/a.csv")
+    assert cp is not None and cp["done"] and cp["chunk"] == 11 and cp["next_record"] == 1_050
+    # The rows are in the table: no parts in the output bucket.
+    listed = s3.list_objects_v2(Bucket=out, Prefix="o/in/a.csv/").get("KeyCount", 0)
+    assert listed == 0
+    # The same file again (a new job): the database's checkpoint says it is done, nothing is written twice.
+    again = await execute(client, task_queue, _job(src, out, table, output_prefix="o2/"), "pg")
+    assert again.status == "succeeded"
+    assert _ids(pg, table) == list(range(1_050))
+
+
+async def test_upsert_rerun_of_a_corrected_file_updates_rows(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
+    pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    sink = {"type": "postgres", "connection": "test", "table": table, "mode": "upsert", "key": ["id"]}
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=b"id,name,note\n1,a,x\n2,b,y\n3,c,z\n")
+    assert (await execute(client, task_queue, _job(src, out, table, sink=sink))).status == "succeeded"
+    # Corrected: row 2 changed, row 4 added, and row 1 twice in one chunk (the last one wins).
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=b"id,name,note\n1,a,x\n2,B,fixed\n4,d,w\n1,A,last\n")
+    result = await execute(client, task_queue, _job(src, out, table, sink=sink))
+    assert result.status == "succeeded"
+    rows = pg.execute(f"SELECT id, name, note FROM public.{table} ORDER BY id")
+    assert rows == [(1, "A", "last"), (2, "B", "fixed"), (3, "c", "z"), (4, "d", "w")]
+
+
+async def test_rows_the_database_refuses_become_rejects_with_its_reason_and_line(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    name = f"people_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{name} (id integer PRIMARY KEY, born date NOT NULL)")
+    lines = ["id,born"] + [f"{i},2020-01-{1 + i % 28:02d}" for i in range(300)]
+    lines[1 + 17] = "17,2020-13-45"  # not a date: source line 19
+    lines[1 + 150] = "150,soon"  # line 152
+    lines[1 + 151] = "5,2021-01-01"  # a duplicate id: line 153
+    s3.put_object(Bucket=src, Key="in/p.csv", Body=("\n".join(lines) + "\n").encode())
+    result = await execute(client, task_queue, _job(src, out, name), "pg")
+    assert result.status == "succeeded"
+    assert result.totals.records_written == 297 and result.totals.rejected == 3
+    ids = _ids(pg, name)
+    assert ids == sorted(set(range(300)) - {17, 150, 151})
+    assert pg.execute(f"SELECT born::text FROM public.{name} WHERE id = 5") == [("2020-01-06",)]
+    rejects = []
+    for chunk in (0, 1):
+        body = s3.get_object(Bucket=out, Key=f"o/in/p.csv/rejects-{chunk:05d}.jsonl")["Body"].read()
+        rejects += [json.loads(line) for line in body.splitlines()]
+    assert [r["line"] for r in rejects] == [19, 152, 153]
+    assert "SQLSTATE 22008" in rejects[0]["reason"] and "date/time field value out of range" in rejects[0]["reason"]
+    assert "SQLSTATE 22007" in rejects[1]["reason"] and rejects[1]["record"] == {"id": "150", "born": "soon"}
+    assert "SQLSTATE 23505" in rejects[2]["reason"]
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["rejected"] == 3 and entry["records_written"] == 297
+    # The report's reasons name the error class, never the value.
+    reasons = " ".join(r["reason"] for r in entry["reject_reasons"])
+    assert "DatetimeFieldOverflow" in reasons and "2020-13-45" not in reasons
+
+
+async def test_missing_table_and_missing_columns_fail_clearly(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    message = await _failure(client, task_queue, _job(src, out, "no_such_table"), s3)
+    assert "InvalidInput" in message and "public.no_such_table does not exist" in message, message
+    narrow = f"narrow_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{narrow} (id integer)")
+    message = await _failure(client, task_queue, _job(src, out, narrow), s3)
+    assert f"table public.{narrow} has no column for the fields 'name', 'note'" in message, message
+    assert pg.execute(f"SELECT count(*) FROM public.{narrow}") == [(0,)]
+
+
+async def _failure(client: Client, task_queue: str, spec: S3BatchInput, s3: Any) -> str:
+    """The job's failure as text: the workflow failure and, for a failed file, its report entry's error."""
+    handle = await start(client, task_queue, spec, "pgfail")
+    try:
+        result = await handle.result()
+    except Exception as err:  # noqa: BLE001 - the failure chain is inspected as text
+        chain = []
+        cause: BaseException | None = err
+        while cause is not None:
+            chain.append(f"{type(cause).__name__}: {cause} {getattr(cause, 'type', '')}")
+            cause = cause.__cause__
+        if "JobFailed" in chain[-1]:
+            chain += [str(f.get("error")) for f in report(s3, spec.output_bucket, spec.output_prefix)["files"]]
+        return " | ".join(chain)
+    raise AssertionError(f"the job succeeded: {result}")
+
+
+async def test_unknown_connection_fails_at_start(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    sink = {"type": "postgres", "connection": "warehouse", "table": "public.t"}
+    message = await _failure(client, task_queue, _job(src, out, "t", sink=sink), s3)
+    assert "InvalidInput" in message and "S3BATCH_POSTGRES_WAREHOUSE_DSN" in message, message
+
+
+async def test_bad_sink_objects_are_refused_naming_the_field(client: Client, task_queue: str, worker: Worker) -> None:
+    cases = [
+        ({"type": "kafka"}, "sink"),
+        ({"type": "postgres", "connection": "w", "table": "t", "colour": "red"}, "sink.postgres.colour"),
+        ({"type": "postgres", "connection": "w", "table": "t", "mode": "upsert"}, "sink.postgres"),
+        ({"type": "s3", "format": "csv"}, "sink.s3.format"),
+    ]
+    for sink, field in cases:
+        workflow_id = new_id("badsink")
+        raw = {"bucket": "src-x", "output_bucket": "out-x", "sink": sink}
+        await client.start_workflow("S3BatchWorkflow", raw, id=workflow_id, task_queue=task_queue)
+        await assert_invalid_input(client, workflow_id, [field])
+
+
+@pytest.mark.slow
+async def test_exactly_once_into_the_table_across_sigkills_mid_file(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path, pg: PostgresServer,
+    table: str,
+) -> None:
+    src, out = buckets
+    rows = 6_000
+    s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(rows))
+    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.05"}
+    spec = _job(src, out, table, handler="slow_passthrough", heartbeat_timeout_seconds=4, max_attempts=20)
+    procs: list[WorkerProcess] = []
+    try:
+        procs.append(worker_process(task_queue, tmp_path, "w0", **env))
+        procs[-1].wait_ready()
+        handle = await start(client, task_queue, spec, "pgkill")
+        seen = 0
+        for kill in range(3):
+            def progressed(floor: int = seen) -> int | None:
+                cp = _checkpoint(pg, "in/big.csv")
+                return cp["next_record"] if cp and cp["next_record"] > floor + 300 else None
+
+            seen = await wait_for(progressed, 90, f"rows committed past {seen} (kill {kill + 1})")
+            assert seen < rows, "the kill must land mid-file"
+            procs[-1].kill()
+            # Every committed row is in the table, once; nothing beyond the committed checkpoint.
+            committed = _checkpoint(pg, "in/big.csv")
+            assert committed is not None
+            assert _ids(pg, table) == list(range(committed["next_record"]))
+            procs.append(worker_process(task_queue, tmp_path, f"w{kill + 1}", **env))
+            procs[-1].wait_ready()
+        started = time.monotonic()
+        result = await handle.result()
+        assert result.status == "succeeded", result
+        assert time.monotonic() - started < 120
+    finally:
+        for proc in procs:
+            proc.stop()
+    assert _ids(pg, table) == list(range(rows))
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["records_written"] == rows and entry["attempts"] >= 4
+    assert entry["resumed_from_record"] > 0
