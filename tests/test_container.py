@@ -1,7 +1,8 @@
 """The worker image, built and run for real on a Docker engine, against the local test stack.
 
 Run by ``make test-container`` (scripts/container/test.sh), which starts the engine, builds the image
-and names it in ``S3BATCH_CONTAINER_IMAGE``; skipped elsewhere. Every worker container runs as the
+and names it in ``S3BATCH_CONTAINER_IMAGE``; skipped elsewhere, but for the check of the lock the image
+installs, which needs no engine. Every worker container runs as the
 compose file runs its workers: ``--read-only`` with a tmpfs on /tmp, no capabilities, no privilege
 gain, the image's own entrypoint, user and health check; ``--network host`` reaches the test stack
 on loopback (the engine here runs without a bridge).
@@ -13,8 +14,10 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +39,10 @@ if TYPE_CHECKING:
 
 IMAGE = os.environ.get("S3BATCH_CONTAINER_IMAGE", "")
 LABEL = os.environ.get("S3BATCH_CONTAINER_LABEL", "dev")
-if not IMAGE:
-    pytest.skip("run by make test-container, which builds the image on a Docker engine", allow_module_level=True)
-
-pytestmark = pytest.mark.slow
+needs_image = pytest.mark.skipif(not IMAGE, reason="run by make test-container, which builds the image on an engine")
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "requirements.lock"
 CONTEXT = Path(os.environ.get("S3BATCH_CONTAINER_CONTEXT", ROOT))
 """The tree the image was built from: its tests' slow handler goes into the containers."""
 SLOW_HANDLERS = CONTEXT / "tests" / "slow_handlers.py"
@@ -139,6 +140,8 @@ def host_uids(pid: int) -> list[int]:
     raise AssertionError(f"no Uid line in /proc/{pid}/status")
 
 
+@needs_image
+@pytest.mark.slow
 async def test_container_runs_a_job_as_non_root_on_a_read_only_root_and_turns_healthy(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
@@ -183,6 +186,8 @@ async def test_container_runs_a_job_as_non_root_on_a_read_only_root_and_turns_he
     print(f"idle container stopped in {drained:.1f} s")
 
 
+@needs_image
+@pytest.mark.slow
 async def test_docker_stop_hands_the_file_in_flight_to_another_container(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
@@ -231,6 +236,8 @@ async def test_docker_stop_hands_the_file_in_flight_to_another_container(
     assert second.state()["ExitCode"] == 0, second.logs()
 
 
+@needs_image
+@pytest.mark.slow
 async def test_docker_kill_resumes_from_the_committed_checkpoint(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
@@ -266,6 +273,7 @@ async def test_docker_kill_resumes_from_the_committed_checkpoint(
     assert_exactly_once(s3, out, "o/big.csv/", rows)
 
 
+@needs_image
 def test_every_package_of_the_tree_is_installed_in_the_image() -> None:
     # The image installs the wheel (not an editable tree): a package missing from pyproject.toml's
     # [tool.setuptools] packages would be missing here, and the worker or the CLI fail to import.
@@ -284,6 +292,7 @@ def test_every_package_of_the_tree_is_installed_in_the_image() -> None:
     assert "usage" in cli.lower(), cli
 
 
+@needs_image
 def test_image_holds_no_compilers_or_build_caches() -> None:
     # As root, to see every directory; the image's own entrypoint is replaced by a shell.
     script = (
@@ -297,3 +306,24 @@ def test_image_holds_no_compilers_or_build_caches() -> None:
     size = int(docker("image", "inspect", "--format", "{{.Size}}", IMAGE))
     layers = json.loads(docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", IMAGE))
     print(f"\n{IMAGE}: {size / 1e6:.0f} MB in {len(layers)} layers")
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_lock_the_image_installs_pins_every_dependency() -> None:
+    # The image installs requirements.lock (--require-hashes --no-deps), not pyproject.toml: a
+    # dependency added to pyproject.toml but not locked is missing from the image, though the
+    # development install has it. Regenerate the lock with the command at its top.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {}
+    for requirement in project["dependencies"]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", requirement.replace(" ", ""))
+        assert match, f"pyproject.toml: pin {requirement!r} exactly (name==version), as the lock does"
+        wanted[_normalized(match[1])] = match[2]
+    locked = {
+        _normalized(m[1]): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", LOCK.read_text(), re.M)
+    }
+    wrong = {name: (version, locked.get(name)) for name, version in wanted.items() if locked.get(name) != version}
+    assert not wrong, f"requirements.lock does not pin these as pyproject.toml does (wanted, locked): {wrong}"
