@@ -211,8 +211,14 @@ class FileOutput:
         self.known: dict[str, tuple[str, Checkpoint]] = {}
         """Output objects known to be ours: name -> (ETag, the checkpoint stored on it)."""
 
+    part_suffix = layout.JSONL
+    """Suffix of the part objects (``part-00000.jsonl``)."""
+    part_content_type = "application/x-ndjson"
+
     def _key(self, chunk: int, kind: OutputKind) -> str:
-        return (layout.part_key if kind == "part" else layout.rejects_key)(self.output_prefix, self.key, chunk)
+        if kind == "part":
+            return layout.part_key(self.output_prefix, self.key, chunk, self.part_suffix)
+        return layout.rejects_key(self.output_prefix, self.key, chunk)
 
     def is_ours(self, cp: Checkpoint) -> bool:
         """Whether ``cp`` was written for this source version and these options."""
@@ -296,7 +302,7 @@ class FileOutput:
         (the :class:`~s3batch.sinks.Sink` interface; ``lines``, the source line of each output, is
         not needed here)."""
         self.write_rejects(cp.chunk, new, rejects)
-        self._put(self._key(cp.chunk, "part"), self.part_body(output), new)
+        self._put(self._key(cp.chunk, "part"), self.part_body(output), new, self.part_content_type)
         return new
 
     def part_body(self, output: list[bytes]) -> bytes:
@@ -309,7 +315,7 @@ class FileOutput:
             rejects.sort(key=lambda r: r[0])  # parser and handler rejects, in file order
             self._put(self._key(chunk, "rejects"), b"".join(line + b"\n" for _, line in rejects), new)
 
-    def _put(self, key: str, body: bytes, cp: Checkpoint) -> None:
+    def _put(self, key: str, body: bytes, cp: Checkpoint, content_type: str = "application/x-ndjson") -> None:
         raw = cp.model_dump_json()
         metadata = {CHECKPOINT_METADATA: raw}
         if self._secret is not None:
@@ -319,7 +325,7 @@ class FileOutput:
                 Bucket=self.bucket,
                 Key=key,
                 Body=body,
-                ContentType="application/x-ndjson",
+                ContentType=content_type,
                 **self._put_params,
                 Metadata=metadata,
             )
@@ -355,7 +361,7 @@ class FileOutput:
         previous_rejected = 0
         problems: list[str] = []
         for chunk in range(n):
-            name = layout.part_name(chunk)
+            name = layout.part_name(chunk, self.part_suffix)
             expected.add(name)
             part_cp = self.ours(name, chunk, "part", listed.get(name))
             if part_cp is None:

@@ -27,8 +27,12 @@ from urllib.parse import unquote
 MAX_KEY_BYTES = 1024
 """S3's limit on the length of a key (UTF-8 bytes)."""
 
-_OUTPUT_RE = re.compile(r"(part|rejects)-(\d{5,})\.jsonl")
-_PART_NAME = "part-{:05d}.jsonl"
+_OUTPUT_RE = re.compile(r"(part|rejects)-(\d{5,})\.(?:jsonl|parquet)")
+_PART_NAME = "part-{:05d}{}"
+JSONL = ".jsonl"
+"""Suffix of JSONL parts (the default sink) and of every rejects file."""
+PARQUET = ".parquet"
+"""Suffix of Parquet parts (``{"type": "s3", "format": "parquet"}``)."""
 _REJECTS_NAME = "rejects-{:05d}.jsonl"
 
 # What encode_key changes: control characters, a "%" that reads as an escape, and (checked per
@@ -68,16 +72,16 @@ def file_dir(output_prefix: str, key: str) -> str:
     return f"{output_prefix}{encode_key(key)}/"
 
 
-def part_name(chunk: int) -> str:
-    return _PART_NAME.format(chunk)
+def part_name(chunk: int, suffix: str = JSONL) -> str:
+    return _PART_NAME.format(chunk, suffix)
 
 
 def rejects_name(chunk: int) -> str:
     return _REJECTS_NAME.format(chunk)
 
 
-def part_key(output_prefix: str, key: str, chunk: int) -> str:
-    return file_dir(output_prefix, key) + part_name(chunk)
+def part_key(output_prefix: str, key: str, chunk: int, suffix: str = JSONL) -> str:
+    return file_dir(output_prefix, key) + part_name(chunk, suffix)
 
 
 def rejects_key(output_prefix: str, key: str, chunk: int) -> str:

@@ -114,7 +114,7 @@ async def test_upsert_rerun_of_a_corrected_file_updates_rows(
     assert (await execute(client, task_queue, _job(src, out, table, sink=sink))).status == "succeeded"
     # Corrected: row 2 changed, row 4 added, and row 1 twice in one chunk (the last one wins).
     s3.put_object(Bucket=src, Key="in/a.csv", Body=b"id,name,note\n1,a,x\n2,B,fixed\n4,d,w\n1,A,last\n")
-    result = await execute(client, task_queue, _job(src, out, table, sink=sink))
+    result = await execute(client, task_queue, _job(src, out, table, sink=sink, output_prefix="o2/"))
     assert result.status == "succeeded"
     rows = pg.execute(f"SELECT id, name, note FROM public.{table} ORDER BY id")
     assert rows == [(1, "A", "last"), (2, "B", "fixed"), (3, "c", "z"), (4, "d", "w")]

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from s3batch.errors import SinkInvalid
 from s3batch.sinks.spec import PostgresSink, S3Sink
 
 if TYPE_CHECKING:
@@ -81,7 +80,9 @@ def open_sink(
     """
     if spec is None or isinstance(spec, S3Sink):
         if spec is not None and spec.format == "parquet":
-            raise SinkInvalid("Parquet parts are not available on this worker yet: use the default JSONL parts")
+            from s3batch.sinks.parquet import ParquetOutput
+
+            return ParquetOutput.of(output)
         return output
     from s3batch.sinks.postgres import PostgresOutput, pools_or_default
 

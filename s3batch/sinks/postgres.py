@@ -29,16 +29,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint, FileOutput
-from s3batch.errors import BadFile, SinkError, SinkInvalid
-from s3batch.jsonvalues import encode_json, inexact_positions, loads_exact, numbers_as_written
+from s3batch.errors import SinkError, SinkInvalid
+from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
+from s3batch.sinks.rows import decoded, field_names
 from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
@@ -189,20 +189,6 @@ def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
         raise _database_error(err, "checking", spec) from None
 
 
-def _decoded(output: list[bytes]) -> list[Any]:
-    """The handler's JSON outputs as values, every number exact (see ``s3batch.jsonvalues``)."""
-    loads = orjson.loads
-    if not inexact_positions(b"\n".join(output)):
-        return [loads(doc) for doc in output]
-    values = []
-    for doc in output:
-        value = loads(doc)
-        if inexact_positions(doc) and not numbers_as_written(doc, value):
-            value = loads_exact(doc)
-        values.append(value)
-    return values
-
-
 def _cell(value: Any) -> Any:
     """A JSON value as ``COPY`` is given it: objects and arrays as JSON text (for json/jsonb columns)."""
     if isinstance(value, dict | list):
@@ -277,7 +263,7 @@ class PostgresOutput:
     ) -> Checkpoint:
         """One transaction: lock the checkpoint row (and check it is at ``cp``), write the rows, write
         the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``."""
-        values = _decoded(output)
+        values = decoded(output)
         columns = self._columns_of(values)
         rows = [tuple(_cell(v.get(c)) for c in columns) for v in values]
         try:
@@ -294,14 +280,7 @@ class PostgresOutput:
 
     def _columns_of(self, values: list[Any]) -> list[str]:
         """The columns the chunk's outputs name (in the table's order); each must exist."""
-        named: dict[str, None] = {}
-        for value in values:
-            if not isinstance(value, dict):
-                raise BadFile(
-                    f"the handler's output for {self.where} is a JSON {type(value).__name__}, not an object: a "
-                    f"PostgreSQL sink maps each output's fields to the columns of {self.target}"
-                )
-            named.update(dict.fromkeys(value))
+        named = field_names(values, self.where, f"a PostgreSQL sink (table {self.target})")
         missing = [name for name in named if name not in self.columns]
         if missing:
             shown = ", ".join(repr(m[:63]) for m in missing[:20])
