@@ -77,6 +77,12 @@ stack-up: $(STAMP)
 stack-down: $(STAMP)
 	$(BIN)/s3batch-stack down
 
+# One worker on the local stack, in the foreground (Ctrl-C stops it): jobs started after `make demo`
+# or `make stack-up` run on it. `s3batch-stack up --workers N` starts workers in the background.
+.PHONY: worker
+worker: $(STAMP)
+	$(BIN)/s3batch-stack worker
+
 # Starts the stack and two workers, uploads sample data, runs a job with a progress bar.
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py

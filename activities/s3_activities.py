@@ -18,6 +18,7 @@ from s3batch.activities import files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.listing import list_page, list_redrive_page
+from s3batch.activities.ownership import check_output_free, write_check_metadata
 from temporalio import activity
 
 from s3batch import layout
@@ -110,9 +111,16 @@ class S3Activities:
             self.s3.list_objects_v2(Bucket=job.output_bucket, Prefix=job.output_prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "checking the output bucket", job.output_bucket)
+        job_id = activity.info().workflow_id or ""  # None only for a standalone activity
+        check_output_free(self.s3, job, job_id)  # before the probe: it names this job as the output's owner
         try:
             self.s3.put_object(
-                Bucket=job.output_bucket, Key=probe, Body=b"", ContentType="text/plain", **sse_params(self.settings)
+                Bucket=job.output_bucket,
+                Key=probe,
+                Body=b"",
+                ContentType="text/plain",
+                Metadata=write_check_metadata(job_id),
+                **sse_params(self.settings),
             )
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", job.output_bucket, probe)

@@ -70,6 +70,9 @@ REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_re
 _UNSET_OMITTED = REJECT_LIMITS | {"sink"}
 """Job options left out of the input as written when unset: a job without them is written as before."""
 
+_OFF_OMITTED = frozenset({"fail_if_empty", "overwrite_output"})
+"""Job switches left out of the input as written when off: a job without them is written as before."""
+
 
 class S3BatchInput(BaseModel):
     """Input of ``S3BatchWorkflow``: what to process, where to write it and how.
@@ -123,6 +126,11 @@ class S3BatchInput(BaseModel):
     only_failed_of: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
     """Redrive: ``s3://bucket/key`` of an earlier job's report; only the files that failed (or
     were cancelled) there and lie under ``prefix`` are processed, at their current version."""
+    fail_if_empty: bool = False
+    """Fail the job (``EmptyPrefix``) when the prefix matches no file, instead of succeeding with 0 files."""
+    overwrite_output: bool = False
+    """Write into an output prefix that holds another job's output (its report and parts are replaced);
+    without it such a job is refused at start, naming the other job."""
     sink: Sink | None = None
     """Where the records go (see ``s3batch.sinks.spec``): ``{"type": "s3"}`` (JSONL parts, the default),
     ``{"type": "s3", "format": "parquet"}``, or ``{"type": "postgres", "connection": ..., "table": ...}``."""
@@ -161,7 +169,10 @@ class S3BatchInput(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return _without_nones(handler(self), _UNSET_OMITTED)
+        data = _without_nones(handler(self), _UNSET_OMITTED)
+        if isinstance(data, dict):
+            return {name: value for name, value in data.items() if not (name in _OFF_OMITTED and value is False)}
+        return data
 
 
 class JobSpec(S3BatchInput):

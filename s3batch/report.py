@@ -200,6 +200,9 @@ def assemble_report(
         "listing": listing,
         "files": files,
     }
+    if not totals["files_listed"] and listing["done"]:
+        # A prefix that matches nothing is most often a typo: said in the report, not only by the CLI.
+        report["warnings"] = [f"no file matched {report['source']}: nothing was processed (check the prefix)"]
     problems = report_problems(files, totals, digest)
     if problems:
         report["status"] = "failed"

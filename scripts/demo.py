@@ -6,13 +6,16 @@
 2. Creates the buckets ``incoming`` and ``processed`` and uploads generated sample data under
    ``incoming/demo/``: a 200,000-row customer CSV, a JSONL of events, a gzipped JSONL and a CSV
    with malformed rows.
-3. Starts two workers (``s3batch-worker``), runs ``s3batch start ... --wait`` with its progress bar,
-   prints the report, then stops the workers with SIGTERM. The stack keeps running (for the Web UI);
-   ``make stack-down`` stops it.
+3. Starts two workers in the background (``s3batch-stack up --workers 2``; none when two already
+   run), runs ``s3batch start ... --wait`` with its progress bar and prints the report.
+4. Leaves the stack and the workers running, so that the commands it prints next (and jobs started
+   from another shell) run at once; ``make stack-down`` stops the workers, then the stack.
+   ``--stop-workers`` stops the workers at the end instead (SIGTERM, as a deploy does).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -48,35 +51,31 @@ def stack_up(root: Path) -> StackConfig:
     return StackConfig(**saved)
 
 
-def start_workers(root: Path, count: int) -> list[subprocess.Popen[bytes]]:
-    """Worker subprocesses pointed at the stack (through ``os.environ``), logging to ``root``."""
-    workers = []
-    for n in range(1, count + 1):
-        with open(root / f"demo-worker-{n}.log", "ab") as log:
-            workers.append(
-                subprocess.Popen(
-                    [str(BIN / "s3batch-worker")],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # Ctrl-C reaches the demo, which stops them gracefully
-                )
-            )
-    return workers
+def start_workers(config: StackConfig, count: int) -> list[int]:
+    """Make sure ``count`` background workers of the stack run (``s3batch-stack up --workers``): their pids."""
+    state = config.root / "stack.json"
+    running = [pid for pid in json.loads(state.read_text()).get("workers", {}).values() if devstack.pid_alive(pid)]
+    if len(running) < count:
+        devstack.start_workers(config, state, count - len(running))
+    return [pid for pid in json.loads(state.read_text())["workers"].values() if devstack.pid_alive(pid)]
 
 
-def stop_workers(workers: list[subprocess.Popen[bytes]], timeout: float = 45) -> None:
+def stop_workers(config: StackConfig, pids: list[int], timeout: float = 45) -> None:
     """SIGTERM, the way a deploy stops a worker; SIGKILL only if one overstays ``timeout``."""
-    for proc in workers:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    for proc in workers:
-        try:
-            proc.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    for pid in pids:
+        while devstack.pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if devstack.pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    state = config.root / "stack.json"
+    saved = json.loads(state.read_text())
+    saved["workers"] = {name: pid for name, pid in saved.get("workers", {}).items() if pid not in pids}
+    state.write_text(json.dumps(saved))
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -99,7 +98,27 @@ def print_report(report: dict[str, Any]) -> None:
             console.print(f"  [red]{f['key']}[/]: {f['error']}")
 
 
-def main() -> int:
+def next_steps(config: StackConfig, job_id: str, workers_left: bool) -> None:
+    """Commands to run next, exactly as they run from this folder."""
+    env = f'eval "$({os.path.relpath(BIN)}/s3batch-stack env)"'
+    running = f"the stack and {WORKERS} workers keep running" if workers_left else "the stack keeps running"
+    console.print(f"Next ({running}; [bold]make stack-down[/] stops {'them' if workers_left else 'it'}):")
+    console.print(f"  {env:<44} # once per shell: s3batch, temporal and boto3 use the local stack", markup=False)
+    console.print(f"  s3batch status {job_id}", markup=False)
+    console.print(f"  s3batch report {job_id}", markup=False)
+    console.print(
+        f"  s3batch start --bucket {SOURCE_BUCKET} --prefix {SOURCE_PREFIX} --output-bucket {OUTPUT_BUCKET} "
+        "--output-prefix runs/1/ --wait",
+        markup=False,
+    )
+    if not workers_left:
+        console.print("  make worker                                  # a worker for those jobs", markup=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="demo.py", description="make demo: one job, end to end, on the local stack")
+    parser.add_argument("--stop-workers", action="store_true", help="stop the workers at the end (default: keep them)")
+    args = parser.parse_args(argv)
     root = Path(os.environ.get("S3BATCH_STACK_DIR", ".stack")).resolve()
     console.rule("[bold]1. Local stack")
     config = stack_up(root)
@@ -120,8 +139,8 @@ def main() -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_id = f"demo-{stamp}"
     output_prefix = f"demo-runs/{stamp}/"
-    workers = start_workers(root, WORKERS)
-    console.print(f"  workers: pids {', '.join(str(w.pid) for w in workers)} (logs in {root}/demo-worker-N.log)")
+    pids = start_workers(config, WORKERS)
+    console.print(f"  workers: pids {', '.join(map(str, pids))} (logs in {root}/worker-N.log)")
     try:
         code = subprocess.call(
             [
@@ -132,8 +151,9 @@ def main() -> int:
             ]
         )  # fmt: skip
     finally:
-        console.print("  stopping the workers (SIGTERM)")
-        stop_workers(workers)
+        if args.stop_workers:
+            console.print("  stopping the workers (SIGTERM)")
+            stop_workers(config, pids)
 
     console.rule("[bold]4. Report")
     with contextlib.suppress(s3.exceptions.NoSuchKey):
@@ -142,8 +162,7 @@ def main() -> int:
     console.print(f"  report   s3://{OUTPUT_BUCKET}/{output_prefix}_report.json")
     console.print(f"  outputs  s3://{OUTPUT_BUCKET}/{output_prefix}<source key>/part-NNNNN.jsonl")
     console.print(f"  Web UI   {config.ui_url}/namespaces/default/workflows/{job_id}")
-    console.print(f"  status   .venv/bin/s3batch status {job_id}   (with `eval $(.venv/bin/s3batch-stack env)`)")
-    console.print("The stack keeps running for the Web UI; [bold]make stack-down[/] stops it.")
+    next_steps(config, job_id, workers_left=not args.stop_workers)
     return code
 
 

@@ -188,7 +188,7 @@ async def test_watch_shows_the_file_in_flight_then_the_outcome(
     done = await live
     assert done.code == 0, done
     # Not a terminal: rich's Live prints the last frame it drew (the job still running), then the outcome.
-    assert f"{wid}: running" in done.stdout and f"{wid}: completed" in done.stdout
+    assert f"{wid}: running" in done.stdout and f"{wid}: succeeded" in done.stdout
     assert "Job succeeded" in done.stdout and "10,000 written" in done.stdout
     assert f"s3://{out}/_report.json" in done.stdout
 

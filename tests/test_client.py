@@ -99,7 +99,7 @@ async def test_a_job_is_started_followed_controlled_and_reported_from_python(
     # Finished: controls, a restart under the same ID and a redrive are refused, saying why.
     with pytest.raises(api.JobNotRunning):
         await api.pause(client, wid)
-    with pytest.raises(api.JobNotRunning, match="it is completed"):
+    with pytest.raises(api.JobNotRunning, match="it ended: succeeded"):
         await api.cancel(client, wid)
     with pytest.raises(api.JobIdUsed, match="already ran") as used:
         await api.start(client, job, wid, task_queue)

@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 import tests.fault_handlers  # registers explode_on_marker for the in-process worker
@@ -228,3 +230,70 @@ async def test_one_vocabulary_succeeded_and_cancelled(
         rows = [line for line in (await s3batch("list")).stdout.splitlines() if wid in line]
         assert len(rows) == 1 and word in rows[0], rows
         assert "completed" not in rows[0] and "canceled" not in rows[0], rows
+
+
+async def test_a_prefix_matching_nothing_warns_and_fail_if_empty_fails(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 6: a prefix that matches no file still succeeds, but says so in the CLI, the report and
+    the Web UI details; ``--fail-if-empty`` (``"fail_if_empty": true`` in JSON) makes it a failure."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    base = ["--bucket", src, "--prefix", "customers/", "--output-bucket", out, "--task-queue", task_queue]
+    quiet = await s3batch("start", *base, "--output-prefix", "e1/", "--id", (wid := new_id("empty")), "--wait")
+    assert quiet.code == 0, quiet
+    assert f"no file matched s3://{src}/customers/" not in quiet.stdout  # the result does not carry the source
+    assert "warning" in quiet.stdout and "no file matched" in quiet.stdout and "--fail-if-empty" in quiet.stdout
+    rep = report(s3, out, "e1/")
+    assert rep["status"] == "succeeded" and rep["warnings"] == [
+        f"no file matched s3://{src}/customers/: nothing was processed (check the prefix)"
+    ], rep
+    shown = await s3batch("report", wid)
+    assert f"no file matched s3://{src}/customers/" in shown.stdout, shown
+    # The Web UI's "User Metadata" tab shows the current details (the SDK's metadata query).
+    handle = client.get_workflow_handle(wid)
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert f"warning: no file matched s3://{src}/customers/" in metadata.current_details, metadata
+
+    loud = await s3batch("start", *base, "--output-prefix", "e2/", "--fail-if-empty", "--wait")
+    assert loud.code == 1, loud
+    assert f"no file matched s3://{src}/customers/ (fail_if_empty)" in loud.stderr, loud
+    assert report(s3, out, "e2/")["status"] == "failed"
+    as_json = {"bucket": src, "prefix": "customers/", "output_bucket": out, "output_prefix": "e3/"}
+    as_json["fail_if_empty"] = True  # as `temporal workflow start --input` gives it
+    started = await client.start_workflow("S3BatchWorkflow", as_json, id=new_id("empty-json"), task_queue=task_queue)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await started.result()
+    assert isinstance(failure.value.cause, ApplicationError) and failure.value.cause.type == "EmptyPrefix"
+    # Off, the switch is left out of the input as written: reports of jobs without it are unchanged.
+    assert "fail_if_empty" not in rep["input"] and "overwrite_output" not in rep["input"]
+
+
+async def test_a_job_refuses_an_output_prefix_holding_another_jobs_output(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 5: a second job writing to the output prefix of another refuses at start, naming that job
+    and the option to pass; its report stays untouched. ``--overwrite-output`` replaces it on purpose,
+    and a redrive of the first job writes there as before."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    base = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "runs/1/",
+            "--task-queue", task_queue, "--wait"]  # fmt: skip
+    first_id = new_id("first")
+    first = await s3batch("start", *base, "--id", first_id)
+    assert first.code == 0, first
+    etag = s3.head_object(Bucket=out, Key="runs/1/_report.json")["ETag"]
+
+    second = await s3batch("start", *base)
+    assert second.code == 1, second
+    said = " ".join(second.stderr.split())
+    assert f"holds the output of job '{first_id}'" in said and "--overwrite-output" in said, said
+    assert "InvalidInput" in said, said
+    assert s3.head_object(Bucket=out, Key="runs/1/_report.json")["ETag"] == etag  # untouched
+
+    again = await s3batch("start", *base, "--overwrite-output", "--id", (third := new_id("third")))
+    assert again.code == 0, again
+    assert report(s3, out, "runs/1/")["job_id"] == third
+    # The job that owns the prefix now can be redriven into it (nothing failed: refused for that reason only).
+    redrive = await s3batch("redrive", third)
+    assert redrive.code == 3 and "holds the output" not in redrive.stderr, redrive

@@ -66,7 +66,7 @@ async def test_summary_is_the_source_and_output_and_details_follow_the_files(
     final = await details(handle)
     assert final.startswith(f"**succeeded** {head}"), final
     assert "files: 3 done of 3 listed, 0 failed, 0 in flight" in final
-    assert "records: 12000 written, 0 rejected" in final
+    assert "records: 12,000 written, 0 rejected" in final  # numbers as the CLI prints them
     assert f"report: s3://{out}/o/_report.json" in final
 
 

@@ -65,6 +65,9 @@ KEEP_REQUEUED_FILES = "keep-requeued-files"
 REPORT_ON_ANY_CANCEL = "report-on-any-cancel"
 """A job cancelled while a short activity (listing, check, report segment) is in flight still writes
 its report (v0.1.0 ended without one)."""
+FAIL_IF_EMPTY = "fail-if-empty"
+"""A job with ``fail_if_empty`` whose prefix matched no file fails (``EmptyPrefix``) after writing its
+report as failed (jobs before it could only succeed with 0 files)."""
 
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:
@@ -355,10 +358,19 @@ class S3BatchWorkflow:
         st = self._state
         spec = self._spec
         failed = st.totals.files_failed > spec.max_failed_files
-        status: JobStatus = "failed" if failed else "succeeded"
+        empty = spec.fail_if_empty and st.totals.files_listed == 0 and workflow.patched(FAIL_IF_EMPTY)
+        status: JobStatus = "failed" if failed or empty else "succeeded"
         key = await self._write_report(spec, status)
         self._update_details(final=status)
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if empty:
+            raise ApplicationError(
+                f"no file matched s3://{spec.bucket}/{spec.prefix} (fail_if_empty): check the bucket and prefix "
+                f"(a prefix is the start of the keys, e.g. 'incoming/2026-11-30/'). The report at "
+                f"s3://{spec.output_bucket}/{key} says the same.",
+                type="EmptyPrefix",
+                non_retryable=True,
+            )
         if failed:
             raise ApplicationError(
                 f"{st.totals.files_failed} of {st.totals.files_listed} files failed (max_failed_files="

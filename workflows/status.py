@@ -9,6 +9,8 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 
 with workflow.unsafe.imports_passed_through():
+    from rich import filesize  # the CLI's sizes (pure arithmetic: deterministic)
+
     from s3batch import layout
     from s3batch import search_attributes as sa
     from s3batch.models import JobState, ObjectRef, Progress, S3BatchInput
@@ -39,14 +41,22 @@ def details(
         word = "listing" if not state.listing_done else "processing"
     return (
         f"**{word}** {head}\n\n"
-        f"files: {t.files_succeeded + t.files_failed} done of {t.files_listed} listed"
-        f"{'' if state.listing_done else '+'}, {t.files_failed} failed, "
+        f"files: {t.files_succeeded + t.files_failed:,} done of {t.files_listed:,} listed"
+        f"{'' if state.listing_done else '+'}, {t.files_failed:,} failed, "
         f"{in_flight} in flight (max {limit})"
-        f"{f', {t.files_cancelled} cancelled' if t.files_cancelled else ''}\n\n"
-        f"records: {t.records_written} written, {t.rejected} rejected; {t.bytes_read} bytes read"
-        + "".join(f"\n\nwarning: {w}" for w in state.warnings or ())
+        f"{f', {t.files_cancelled:,} cancelled' if t.files_cancelled else ''}\n\n"
+        f"records: {t.records_written:,} written, {t.rejected:,} rejected; {filesize.decimal(t.bytes_read)} read"
+        + "".join(f"\n\nwarning: {w}" for w in [*(state.warnings or ()), *empty_warning(state, spec, final)])
         + (f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}" if final and spec else "")
     )
+
+
+def empty_warning(state: JobState, spec: S3BatchInput | None, final: str | None) -> list[str]:
+    """The warning of a finished job whose prefix matched no file (the job still succeeds unless
+    ``fail_if_empty``)."""
+    if not final or spec is None or state.totals.files_listed or not state.listing_done:
+        return []
+    return [f"no file matched s3://{spec.bucket}/{spec.prefix}: nothing was processed (check the prefix)"]
 
 
 def job_progress(state: JobState, in_flight: dict[str, ObjectRef], limit: int, cancelling: bool) -> Progress:

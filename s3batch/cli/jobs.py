@@ -42,6 +42,10 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         metavar = "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
         default = "required" if info.is_required() else f"default: {info.default!r}"
         help_text = f"{_doc(info)} ({default})".replace("%", "%%")
+        if info.annotation is bool:  # a switch: given means true ("true" is what the model reads)
+            group.add_argument(flag(name), dest=name, action="store_const", const="true", default=argparse.SUPPRESS,
+                               help=help_text)  # fmt: skip
+            continue
         group.add_argument(flag(name), dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
 
 

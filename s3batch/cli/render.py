@@ -39,12 +39,20 @@ def warning_lines(warnings: Sequence[str]) -> list[Text]:
     return [safe_line(("  warning  ", "bold yellow"), w) for w in warnings]
 
 
+def empty_warning(t: Totals, source: str = "the job's prefix") -> list[str]:
+    """The warning of a job that found no file (it succeeds unless ``--fail-if-empty``)."""
+    if t.files_listed:
+        return []
+    return [f"no file matched {source}: nothing was processed (check --bucket and --prefix; --fail-if-empty "
+            "makes this an error)"]  # fmt: skip
+
+
 def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
     if result is not None:
         out.print(safe_line((f"Job {result.status}", "bold green")))
         for line in totals_lines(result.totals):
             out.print(f"  {line}")
-        for text in warning_lines(result.warnings):
+        for text in warning_lines([*result.warnings, *empty_warning(result.totals)]):
             out.print(text)
         out.print(safe_line(f"  report   s3://{result.report_bucket}/{result.report_key}"))
     else:
@@ -247,7 +255,8 @@ def print_report(stored: api.StoredReport) -> None:
             cell(f.error or ""),
         )
     out.print(table)
-    for text in warning_lines([f"{f.key}: {w}" for f in report.files for w in f.warnings or ()]):
+    empty = empty_warning(report.totals, report.source or "the prefix") if report.listing.done else []
+    for text in warning_lines([*empty, *(f"{f.key}: {w}" for f in report.files for w in f.warnings or ())]):
         out.print(text)
     out.print(safe_line(f"  report   {stored.uri}"))
 

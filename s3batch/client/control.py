@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch.client.errors import ControlRejected, JobNotRunning
-from s3batch.client.jobs import describe_run
+from s3batch.client.jobs import describe_run, status_word
 from s3batch.models import Progress
 
 
@@ -67,8 +67,8 @@ async def cancel(client: Client, workflow_id: str) -> None:
     """
     handle, desc = await describe_run(client, workflow_id)
     if desc.status != WorkflowExecutionStatus.RUNNING:
-        status = desc.status.name.lower() if desc.status else "closed"
-        raise JobNotRunning(f"job {workflow_id!r} is not running (it is {status}): nothing to cancel")
+        status = status_word(desc.status)
+        raise JobNotRunning(f"job {workflow_id!r} is not running (it ended: {status}): nothing to cancel")
     try:
         await handle.cancel()
     except RPCError as err:

@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import layout
 from s3batch.client.errors import JobIdUsed, NothingToRedrive
-from s3batch.client.jobs import describe_run
+from s3batch.client.jobs import describe_run, status_word
 from s3batch.client.reports import copy_report, find_report, job_input
 from s3batch.client.views import RedrivePlan, StoredReport
 from s3batch.models import S3BatchInput
@@ -79,7 +79,7 @@ async def prepare_redrive(
     """
     wid = workflow_id
     _, desc = await describe_run(client, wid)
-    status = desc.status.name.lower() if desc.status else "unknown"
+    status = status_word(desc.status)
     if desc.status == WorkflowExecutionStatus.RUNNING:
         raise NothingToRedrive(
             f"job {wid!r} is still running: a redrive takes the failed files from the report written when "

@@ -83,6 +83,12 @@ class JobView:
     """``running``, ``succeeded``, ``failed``, ``cancelled``, ``terminated`` or ``timed_out`` (the words of
     the report; Temporal says completed and canceled)."""
     ui_url: str
+    progress: Progress | None = None
+    """The ``progress`` query's answer; None when no worker could answer (yet)."""
+    in_flight: list[InFlightFile] = field(default_factory=list)
+    result: S3BatchResult | None = None
+    error: str | None = None
+    """Why the job failed, once it has."""
     task_queue: str | None = None
     """The job's task queue (while it runs)."""
     workers: int | None = None
@@ -94,12 +100,6 @@ class JobView:
     def waits_for_worker(self) -> bool:
         """The job runs but no worker serves its task queue (none polls it, or its task waits)."""
         return self.workers == 0 or self.task_wait >= TASK_WAIT_SECONDS
-    progress: Progress | None = None
-    """The ``progress`` query's answer; None when no worker could answer (yet)."""
-    in_flight: list[InFlightFile] = field(default_factory=list)
-    result: S3BatchResult | None = None
-    error: str | None = None
-    """Why the job failed, once it has."""
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -356,7 +356,7 @@ def start_workers(config: StackConfig, state: Path, count: int) -> list[int]:
     ``worker-N.log`` in its folder; recorded in ``state`` so that ``down`` stops them. Their pids."""
     saved = json.loads(state.read_text())
     workers: dict[str, int] = saved.setdefault("workers", {})
-    workers = {name: pid for name, pid in workers.items() if _pid_alive(pid)}
+    workers = {name: pid for name, pid in workers.items() if pid_alive(pid)}
     started = []
     n = 0
     for _ in range(count):
@@ -393,7 +393,7 @@ def _worker(root: Path, state: Path) -> None:
 def _up(root: Path, state: Path) -> None:
     if state.exists():
         saved = json.loads(state.read_text())
-        if all(_pid_alive(p) for p in saved["pids"].values()):
+        if all(pid_alive(p) for p in saved["pids"].values()):
             print(f"stack already running (state in {root})")
             return
     config = StackConfig.from_env(root)
@@ -424,7 +424,7 @@ def _down(root: Path, state: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         for _ in range(450 if name.startswith("worker") else 100):
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 break
             time.sleep(0.1)
         else:
@@ -448,12 +448,12 @@ def _status(root: Path, state: Path) -> None:
         return
     saved = json.loads(state.read_text())
     for name, pid in [*saved["pids"].items(), *saved.get("workers", {}).items()]:
-        print(f"{name}: pid {pid} {'running' if _pid_alive(pid) else 'dead'}")
-    if not any(_pid_alive(pid) for pid in saved.get("workers", {}).values()):
+        print(f"{name}: pid {pid} {'running' if pid_alive(pid) else 'dead'}")
+    if not any(pid_alive(pid) for pid in saved.get("workers", {}).values()):
         print("no background worker: jobs wait until one runs (`make worker`, or `s3batch-stack up --workers 2`)")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
