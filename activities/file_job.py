@@ -22,7 +22,7 @@ from s3batch.errors import OutputKeyTooLong, WorkerShutdown
 from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
-from s3batch.formats.source import SourceFile
+from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import get_handler
 from s3batch.models import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
@@ -119,6 +119,7 @@ class FileJob:
         """Compressed (gzip, zstd or bzip2): read from the start, no byte offsets."""
         self.limits = FileLimits(**req.model_dump(include={"max_rejected_records", "max_rejected_ratio"}))
         self.probe = DelimiterProbe(self.fmt == "csv")
+        self.reading = reading_of(req, self.fmt, self.where)
         self.source = SourceFile(
             s3,
             bucket=req.bucket,
@@ -128,6 +129,7 @@ class FileJob:
             fmt=self.fmt,
             compression=self.compression,
             max_record_bytes=req.max_record_bytes,
+            reading=self.reading,
         )
         self.output = self._output(settings, pools)
         self.dir = self.output.dir
@@ -147,6 +149,7 @@ class FileJob:
             handler=req.handler,
             chunk_records=req.chunk_records,
             max_record_bytes=req.max_record_bytes,
+            reading=self.reading.changed(),
             sink=req.sink.shape() if req.sink is not None else None,
         )
         folder = FileOutput(

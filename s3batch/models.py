@@ -23,6 +23,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from s3batch import layout
+from s3batch.reading import (
+    READ_OPTIONS,
+    HeaderOption,
+    Reading,
+    check_dialect,
+    check_header,
+    normalize_encoding,
+)
 from s3batch.sinks.spec import Sink
 from s3batch.validation import INPUT_ERROR
 
@@ -67,7 +75,7 @@ def _without_nones(data: Any, names: frozenset[str]) -> Any:
 REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_rejected_total"})
 """The job options on rejects (see ``s3batch.rejects``); None: no limit."""
 
-_UNSET_OMITTED = REJECT_LIMITS | {"sink"}
+_UNSET_OMITTED = READ_OPTIONS | REJECT_LIMITS | {"sink"}
 """Job options left out of the input as written when unset: a job without them is written as before."""
 
 _OFF_OMITTED = frozenset({"fail_if_empty", "overwrite_output"})
@@ -95,6 +103,19 @@ class S3BatchInput(BaseModel):
     format: Format = "auto"
     """``csv`` (RFC 4180 with a header row), ``jsonl``, ``parquet``, or ``auto`` to pick by extension
     (``.csv``, ``.jsonl``/``.ndjson``/``.json``, each optionally ``.gz``; ``.parquet``)."""
+    delimiter: str | None = None
+    """CSV field delimiter, any one character (``,`` ``;`` ``\\t`` ``|``...); None: ``,``, or a tab for
+    ``.tsv`` keys (see ``s3batch.reading``)."""
+    quotechar: str | None = None
+    """CSV quote character (None: ``"``); a doubled quote inside quotes is one quote."""
+    escapechar: str | None = None
+    """CSV escape character: it takes the next character literally (None: none)."""
+    header: HeaderOption | None = None
+    """CSV header: ``first_row`` (None: the default), ``none`` (columns ``col_1``, ``col_2``...), or a
+    list of column names (then every row is data)."""
+    encoding: str | None = None
+    """Text encoding of CSV files, a Python codec name: ``utf-8`` (None: the default, BOM skipped),
+    ``utf-16`` (byte order from its BOM), ``latin-1``, ``cp1252``...; undecodable bytes make a reject."""
     handler: str = Field("passthrough", min_length=1)
     """Name of a registered handler (see ``s3batch.handlers``)."""
     chunk_records: int = Field(10_000, ge=1, le=1_000_000)
@@ -149,6 +170,43 @@ class S3BatchInput(BaseModel):
                 "empty segment ('//'), no leading '/'"
             )
         return value
+
+    @field_validator("delimiter", "quotechar", "escapechar")
+    @classmethod
+    def _one_character(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 1 or value in "\r\n"):
+            raise PydanticCustomError(INPUT_ERROR, "must be exactly one character, not a line break")
+        return value
+
+    @field_validator("header")
+    @classmethod
+    def _column_names(cls, value: HeaderOption | None) -> HeaderOption | None:
+        if isinstance(value, list):
+            try:
+                check_header(value)
+            except ValueError as err:
+                raise PydanticCustomError(INPUT_ERROR, str(err).removeprefix("header: ")) from None
+        return value
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                normalize_encoding(value)
+            except ValueError as err:
+                raise PydanticCustomError(INPUT_ERROR, str(err)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _csv_dialect(self) -> S3BatchInput:
+        options = {name: getattr(self, name) for name in READ_OPTIONS}
+        try:
+            check_dialect(self.delimiter or ",", self.quotechar or '"', self.escapechar)
+            Reading.of("x.csv", options).tokens()
+        except ValueError as err:
+            raise PydanticCustomError(INPUT_ERROR, str(err)) from None
+        return self
 
     @model_validator(mode="after")
     def _output_outside_source(self) -> S3BatchInput:
@@ -294,13 +352,19 @@ class ProcessFileInput(_Model):
     max_rejected_ratio: float | None = None
     sink: Sink | None = None
     """The job's sink; None (left out of the payload): JSONL parts, as before sinks existed."""
+    delimiter: str | None = None
+    quotechar: str | None = None
+    escapechar: str | None = None
+    header: HeaderOption | None = None
+    encoding: str | None = None
+    """The job's reading options (``s3batch.reading``); None (left out of the payload): the default."""
 
     @model_serializer(mode="wrap")
     def _omit_default_sink(self, handler: SerializerFunctionWrapHandler) -> Any:
         return _without_nones(handler(self), _SINK)
 
 
-_SINK = frozenset({"sink"})
+_SINK = READ_OPTIONS | {"sink"}
 
 
 class ProcessGroupInput(_Model):

@@ -5,15 +5,21 @@ reader: the csv module with the same dialect, ``json`` for JSON documents."""
 from __future__ import annotations
 
 import bz2
+import csv
 import gzip
+import hashlib
+import io
 import json
 from typing import Any
 
+import pytest
 import zstandard
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from s3batch.checkpoint import fingerprint
 from s3batch.models import S3BatchInput
+from s3batch.reading import Reading
 from tests.helpers.data import csv_rows, make_csv, put_files
 from tests.helpers.jobs import execute
 from tests.helpers.output import read_jsonl, report
@@ -94,3 +100,117 @@ async def test_corrupt_zstd_and_bzip2_files_fail_at_once_naming_the_file(
         assert "Upload it again" in entry["error"] and "retrying cannot fix it" in entry["error"]
         assert "secret" not in entry["error"]
     assert file_entry(s3, out, "in/ok.csv.zst")["status"] == "succeeded"
+
+
+# --------------------------------------------------------------------------- CSV dialects, encodings
+
+
+def dialect_file(options: dict[str, Any], rows: int, header: bool, end: str = "\n") -> tuple[str, list[list[str]]]:
+    """Text written by the csv module in the dialect of ``options`` (quotes, delimiters, line breaks
+    and non-ASCII letters inside fields), and its rows."""
+    delimiter = options.get("delimiter", ",")
+    quote = options.get("quotechar", '"')
+    sign = "£" if options.get("encoding") == "latin-1" else "€"
+    data = [[str(i), f"é{delimiter}x{quote}ü\n{i}", sign] for i in range(rows)]
+    out = io.StringIO()
+    escape = options.get("escapechar")
+    writer = csv.writer(out, delimiter=delimiter, quotechar=quote, escapechar=escape, lineterminator=end)
+    if header:
+        writer.writerow(["id", "text", "sign"])
+    writer.writerows(data)
+    return out.getvalue(), data
+
+
+def reference_records(body: bytes, options: dict[str, Any], names: list[str] | None) -> list[dict[str, str]]:
+    """The csv module's reading of ``body`` with the same dialect (the reference)."""
+    text = body.decode(options.get("encoding", "utf-8-sig"))
+    reader = csv.reader(
+        io.StringIO(text, newline=""),
+        delimiter=options.get("delimiter", "\t"),
+        quotechar=options.get("quotechar", '"'),
+        escapechar=options.get("escapechar"),
+        strict=True,
+    )
+    rows = [row for row in reader if row]
+    if names is None:
+        names, rows = rows[0], rows[1:]
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+DIALECTS: dict[str, tuple[dict[str, Any], str]] = {
+    "semicolon-cp1252": ({"delimiter": ";", "encoding": "cp1252"}, "a.csv"),
+    "pipe-quote-escape": ({"delimiter": "|", "quotechar": "'", "escapechar": "\\"}, "b.csv"),
+    "no-header-latin-1": ({"header": "none", "encoding": "latin-1", "delimiter": ","}, "c.csv"),
+    "given-names-utf-16": ({"header": ["n", "t", "s"], "encoding": "utf-16", "delimiter": ","}, "d.csv"),
+    "utf-16-be-crlf": ({"encoding": "utf-16-be", "delimiter": ","}, "e.csv"),
+    "tsv-auto": ({}, "f.tsv.zst"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+async def test_each_csv_option_through_a_job_equals_the_csv_module(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], name: str
+) -> None:
+    src, out = buckets
+    options, key = DIALECTS[name]
+    header = not isinstance(options.get("header"), (list, str))
+    end = "\r\n" if "crlf" in name else "\n"
+    text, _ = dialect_file(options if key.endswith(".csv") else {"delimiter": "\t"}, 900, header, end)
+    body = text.encode(options.get("encoding", "utf-8"))
+    names = options["header"] if isinstance(options.get("header"), list) else None
+    if options.get("header") == "none":
+        names = ["col_1", "col_2", "col_3"]
+    expected = reference_records(body, {"delimiter": "\t", **options}, names)
+    s3.put_object(Bucket=src, Key=f"in/{key}", Body=zst(body) if key.endswith(".zst") else body)
+    result = await execute(client, worker.task_queue, job(src, out, **options), name)
+    assert result.status == "succeeded"
+    assert read_jsonl(s3, out, f"o/in/{key}/") == expected
+    entry = file_entry(s3, out, f"in/{key}")
+    assert (entry["records"], entry["rejected"], entry["chunks"]) == (900, 0, 3)
+
+
+async def test_a_wrong_encoding_is_a_reject_or_a_bad_file_never_replaced_silently(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    cp1252 = "id,price\n1,5 €\n2,7\n3,\u201cq\u201d\n".encode("cp1252")  # € and curly quotes: not UTF-8
+    put_files(s3, src, {"in/cp1252.csv": cp1252, "in/utf16.csv": "id,price\n1,2\n".encode("utf-16")})
+    result = await execute(client, worker.task_queue, job(src, out, max_failed_files=1), "wrong-encoding")
+    assert result.status == "succeeded"
+    entry = file_entry(s3, out, "in/cp1252.csv")
+    assert (entry["status"], entry["records"], entry["records_written"], entry["rejected"]) == ("succeeded", 3, 1, 2)
+    assert read_jsonl(s3, out, "o/in/cp1252.csv/") == [{"id": "2", "price": "7"}]
+    reasons = [r["reason"] for r in entry["reject_reasons"]]
+    assert all(reason.startswith("invalid UTF-8 at byte") for reason in reasons), reasons
+    bad = file_entry(s3, out, "in/utf16.csv")
+    assert bad["status"] == "failed" and bad["attempts"] == 1
+    assert bad["error"].startswith(f"BadFile: s3://{src}/in/utf16.csv: the header row (line 1) cannot be read: invalid")
+
+
+def test_the_reading_options_are_in_the_fingerprint_and_the_defaults_keep_it() -> None:
+    base = {"fmt": "csv", "handler": "passthrough", "chunk_records": 300, "max_record_bytes": 1024}
+    # What releases before the reading options computed (s3batch.checkpoint.fingerprint, v1).
+    v1 = {"v": 1, "format": "csv", "gzip": False, "handler": "passthrough", "chunk_records": 300}
+    v1["max_record_bytes"] = 1024
+    before = hashlib.sha256(json.dumps(v1, sort_keys=True).encode()).hexdigest()[:16]
+    default = Reading.of("a.csv", {}).changed()
+    assert default == {}
+    assert fingerprint(compression=None, reading=default, **base) == before
+    v1["gzip"] = True
+    gzipped = hashlib.sha256(json.dumps(v1, sort_keys=True).encode()).hexdigest()[:16]
+    assert fingerprint(compression="gzip", **base) == gzipped
+    others = [
+        {"delimiter": ";"},
+        {"quotechar": "'"},
+        {"escapechar": "\\"},
+        {"header": "none"},
+        {"header": ["a", "b"]},
+        {"encoding": "cp1252"},
+        {"encoding": "utf-16"},
+    ]
+    shapes = {fingerprint(compression=None, reading=Reading.of("a.csv", o).changed(), **base) for o in others}
+    assert len(shapes) == len(others) and before not in shapes
+    # Spellings of one codec are one encoding; a .tsv is read with a tab.
+    assert Reading.of("a.csv", {"encoding": "Latin-1"}) == Reading.of("a.csv", {"encoding": "iso8859_1"})
+    assert Reading.of("a.TSV.gz", {}).delimiter == "\t"
+    assert fingerprint(compression="zstd", **base) != fingerprint(compression=None, **base)

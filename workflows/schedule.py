@@ -58,6 +58,11 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
         max_record_bytes=spec.max_record_bytes,
         max_rejected_records=spec.max_rejected_records,
         max_rejected_ratio=spec.max_rejected_ratio,
+        delimiter=spec.delimiter,
+        quotechar=spec.quotechar,
+        escapechar=spec.escapechar,
+        header=spec.header,
+        encoding=spec.encoding,
         sink=spec.sink,
     )
 

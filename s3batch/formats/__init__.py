@@ -15,10 +15,10 @@ from s3batch.formats.compression import Compression, split_suffix
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.formats.parquet import ParquetParser
+from s3batch.reading import Reading
 
-# Only comma-separated files are recognised: nothing downstream passes a delimiter to the parser, so
-# auto-detecting ``.tsv`` as CSV would silently parse tab-separated rows as one-column records.
-_CSV_EXTENSIONS = (".csv",)
+# A ``.tsv`` (or ``.tab``) is CSV read with a tab as its default delimiter (s3batch.reading.Reading.of).
+_CSV_EXTENSIONS = (".csv", ".tsv", ".tab")
 _JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
 _PARQUET_EXTENSIONS = (".parquet", ".pq")
 
@@ -54,7 +54,7 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None
     if base.endswith(_JSONL_EXTENSIONS):
         return "jsonl", compression
     raise UnknownFormatError(
-        f"cannot tell the format of {key!r} from its extension (expected .csv, .jsonl, .ndjson or "
+        f"cannot tell the format of {key!r} from its extension (expected .csv, .tsv, .jsonl, .ndjson or "
         ".json, optionally .gz, .zst or .bz2, or .parquet); set format to 'csv' or 'jsonl' (or 'parquet') "
         "in the job input"
     )
@@ -71,11 +71,14 @@ def make_parser(
     line: int = 1,
     header: list[str] | None = None,
     max_line_bytes: int = 8 * 1024 * 1024,
+    reading: Reading | None = None,
 ) -> Parser:
     """Build the parser for ``fmt`` reading ``stream`` from ``offset`` (not Parquet, which is read by
     row group from a seekable file: see :mod:`s3batch.formats.parquet`)."""
     if fmt == "parquet":
         raise ValueError("a Parquet file is not read as a stream")
     if fmt == "csv":
-        return CsvParser(stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes)
+        return CsvParser(
+            stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes, reading=reading or Reading()
+        )
     return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)

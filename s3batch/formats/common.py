@@ -88,6 +88,8 @@ class _Source:
         self.max_bytes = max_bytes
         self.bad_lines: dict[int, str] = {}
         """Line number -> problem, for lines that are too long or not UTF-8."""
+        self.bom = _BOM_BYTES
+        """Skipped at the start of the object (none for an encoding other than UTF-8)."""
 
     def first_block(self) -> bytes:
         """The first block; at the start of the object, without its UTF-8 BOM (counted in ``offset``)."""
@@ -99,7 +101,7 @@ class _Source:
                 if not more:
                     break
                 block += more
-            if block.startswith(_BOM_BYTES):
-                self.offset = 3
-                block = block[3:] or read(_BLOCK)
+            if self.bom and block.startswith(self.bom):
+                self.offset += len(self.bom)
+                block = block[len(self.bom) :] or read(_BLOCK)
         return block

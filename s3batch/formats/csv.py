@@ -1,4 +1,5 @@
-"""CSV with a header row, read as Python's csv module reads it, knowing where each record ends.
+"""CSV (any delimiter, quote and escape character, a header row, given or generated column names, any
+encoding of :mod:`s3batch.reading`), read as Python's csv module reads it, knowing where each record ends.
 
 See :mod:`s3batch.formats.common` for lines, limits and what raises.
 """
@@ -6,11 +7,18 @@ See :mod:`s3batch.formats.common` for lines, limits and what raises.
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import sys
 from collections.abc import Iterator
 from typing import IO
 
 from s3batch.formats.common import _BLOCK, Record, _eol_length, _Source, _too_long
+from s3batch.formats.transcode import Utf16AsUtf8, utf16_byte_order
+from s3batch.reading import Reading
+
+DEFAULT_READING = Reading()
+_LABELS = {"utf-8": "UTF-8", "utf-16-le": "UTF-16", "utf-16-be": "UTF-16", "utf-16": "UTF-16"}
 
 
 def _widest_field_limit() -> int:
@@ -27,41 +35,67 @@ def _widest_field_limit() -> int:
 
 _FIELD_LIMIT = _widest_field_limit()
 
-# States of the csv module's reader (default dialect: doublequote, strict, no escape character), as
-# far as they decide where a record ends.
-_START, _IN_FIELD, _QUOTED, _QUOTE_IN_QUOTED, _ERROR = range(5)
+# States of the csv module's reader (doublequote, strict), as far as they decide where a record ends.
+_START, _IN_FIELD, _QUOTED, _QUOTE_IN_QUOTED, _ERROR, _ESCAPED, _ESCAPED_IN_QUOTED = range(7)
+
+Tokens = tuple[bytes, bytes, "bytes | None"]
+"""``(delimiter, quotechar, escapechar)`` as bytes of the stream."""
 
 
-def _csv_scan(state: int, data: bytes, pos: int, end: int, delimiter: bytes) -> int:
+def _csv_scan(state: int, data: bytes, pos: int, end: int, tokens: Tokens) -> int:
     """Run the csv reader's state machine over ``data[pos:end]`` (no line terminator inside)."""
+    delim, quote, esc = tokens
     find = data.find
-    delim = delimiter[0]
+    startswith = data.startswith
     while pos < end:
         if state == _QUOTED:
-            pos = find(b'"', pos, end)
-            if pos < 0:
+            q = find(quote, pos, end)
+            e = find(esc, pos, end if q < 0 else q) if esc is not None else -1
+            if e >= 0:
+                state, pos = _ESCAPED_IN_QUOTED, e + len(esc)  # type: ignore[arg-type]
+            elif q < 0:
                 return _QUOTED
-            state = _QUOTE_IN_QUOTED
+            else:
+                state, pos = _QUOTE_IN_QUOTED, q + len(quote)
         elif state == _IN_FIELD:
-            pos = find(delimiter, pos, end)
-            if pos < 0:
+            d = find(delim, pos, end)
+            e = find(esc, pos, end if d < 0 else d) if esc is not None else -1
+            if e >= 0:
+                state, pos = _ESCAPED, e + len(esc)  # type: ignore[arg-type]
+            elif d < 0:
                 return _IN_FIELD
-            state = _START
+            else:
+                state, pos = _START, d + len(delim)
+        elif state in (_ESCAPED, _ESCAPED_IN_QUOTED):
+            # The escaped character is data whatever it is (a token, or one byte: in UTF-8 the rest of
+            # a character never starts a token).
+            state = _IN_FIELD if state == _ESCAPED else _QUOTED
+            pos += next((len(t) for t in tokens if t is not None and startswith(t, pos)), 1)
+        elif state == _QUOTE_IN_QUOTED:
+            if startswith(quote, pos):
+                state, pos = _QUOTED, pos + len(quote)  # an escaped quote
+            elif startswith(delim, pos):
+                state, pos = _START, pos + len(delim)
+            else:
+                return _ERROR  # text after a closing quote: csv raises, the line ends the record
+        elif startswith(quote, pos):
+            state, pos = _QUOTED, pos + len(quote)
+        elif startswith(delim, pos):
+            pos += len(delim)
+        elif esc is not None and startswith(esc, pos):
+            state, pos = _ESCAPED, pos + len(esc)
         else:
-            c = data[pos]
-            if state == _QUOTE_IN_QUOTED:
-                if c == 34:
-                    state = _QUOTED  # an escaped quote
-                elif c == delim:
-                    state = _START
-                else:
-                    return _ERROR  # text after a closing quote: csv raises, the line ends the record
-            elif c == 34:
-                state = _QUOTED
-            elif c != delim:
-                state = _IN_FIELD
-        pos += 1
+            state, pos = _IN_FIELD, pos + 1
     return state
+
+
+def _after_line_end(state: int, terminator: bytes) -> int | None:
+    """The state on the next line when the record goes on past ``terminator``; None when it ends there."""
+    if state in (_QUOTED, _ESCAPED_IN_QUOTED):
+        return _QUOTED  # a line break inside a quoted field (escaped or not) is data
+    if state == _ESCAPED and terminator != b"\r\n":
+        return _IN_FIELD  # an escaped line break (of a CRLF, only the CR is escaped: the LF ends the record)
+    return None
 
 
 class _CsvLines(_Source):
@@ -69,22 +103,38 @@ class _CsvLines(_Source):
 
     The consumer sets ``fresh`` before asking the reader for a record; the lines pulled after that
     for the same record are its continuation lines (the reader asks for one only inside a quoted
-    field). A record that grows past ``max_bytes`` is skipped from that point: its remaining bytes go
-    through :func:`_csv_scan` instead of the reader, bounded in memory, and the reader gets a short
-    ASCII stand-in that ends the record where the csv module would have ended it.
+    field, or after an escaped line break). A record that grows past ``max_bytes`` is skipped from
+    that point: its remaining bytes go through :func:`_csv_scan` instead of the reader, bounded in
+    memory, and the reader gets a short stand-in that ends the record where the csv module would have
+    ended it.
     """
 
-    def __init__(self, stream: IO[bytes], offset: int, line: int, max_bytes: int, delimiter: bytes) -> None:
+    def __init__(
+        self, stream: IO[bytes], offset: int, line: int, max_bytes: int, tokens: Tokens, encoding: str, label: str
+    ) -> None:
         super().__init__(stream, offset, line, max_bytes)
-        self.delimiter = delimiter
+        if encoding != "utf-8":
+            self.bom = b""
+        self.tokens = tokens
+        self.quote = tokens[1].decode(encoding)
+        self.encoding = encoding
+        self.label = label
+        """The file's encoding as named in reject reasons."""
+        self.transcoded = False
+        """The bytes are UTF-8 transcoded from the file's encoding (UTF-16)."""
         self.fresh = True
         """Set by the consumer: the next line asked for starts a record."""
+        self.state = _QUOTED
+        """The reader's state at the start of the next line of a record that goes on (tracked only with
+        an escape character: without one a record goes on only inside quotes)."""
 
     def __iter__(self) -> Iterator[str]:
         read = self.read
         max_bytes = self.max_bytes
         limit = max_bytes + 2  # the longest accepted content plus a CRLF
         bad = self.bad_lines
+        encoding = self.encoding
+        escaped = self.tokens[2] is not None
         block = self.first_block()
         n, off = self.lines, self.offset
         carry = b""
@@ -104,14 +154,15 @@ class _CsvLines(_Source):
             for raw in it:
                 n += 1
                 size = len(raw)
-                if self.fresh:
+                first = self.fresh
+                if first:
                     self.fresh = False
                     used = size
                 else:
                     used += size
                 if used > max_bytes and used - _eol_length(raw) > max_bytes:
                     self.lines, self.offset = n, off
-                    stand_in, block = self._skip_record(raw, used == size, b"".join(it) + carry, True)
+                    stand_in, block = self._skip_record(raw, first, b"".join(it) + carry, True)
                     n, off = self.lines, self.offset
                     carry = b""
                     if stand_in is not None:
@@ -119,11 +170,13 @@ class _CsvLines(_Source):
                     break
                 off += size
                 self.lines, self.offset = n, off
+                if escaped:
+                    self._track(raw, first)
                 try:
-                    yield raw.decode()
+                    yield raw.decode(encoding)
                 except UnicodeDecodeError as err:
-                    bad[n] = f"invalid UTF-8 at byte {err.start} of the line"
-                    yield raw.decode("utf-8", "replace")
+                    bad[n] = self._undecodable(err)
+                    yield raw.decode(encoding, "replace")
             else:
                 if not block:
                     return  # that was the last line
@@ -142,6 +195,18 @@ class _CsvLines(_Source):
                 continue
             block = block or read(_BLOCK)
 
+    def _track(self, raw: bytes, first: bool) -> None:
+        """Follow the reader's state over one line handed out (with an escape character only)."""
+        eol = _eol_length(raw)
+        state = _csv_scan(_START if first else self.state, raw, 0, len(raw) - eol, self.tokens)
+        after = _after_line_end(state, raw[len(raw) - eol :]) if state != _ERROR else None
+        self.state = _QUOTED if after is None else after
+
+    def _undecodable(self, err: UnicodeDecodeError) -> str:
+        if self.transcoded:  # the byte position would not be the file's
+            return f"invalid {self.label} in the line (an unpaired surrogate or a truncated character)"
+        return f"invalid {self.label} at byte {err.start} of the line"
+
     def _skip_record(self, raw: bytes, fresh: bool, rest: bytes, complete: bool) -> tuple[str | None, bytes]:
         """Consume the rest of a record that is longer than ``max_bytes``, without keeping it.
 
@@ -159,18 +224,18 @@ class _CsvLines(_Source):
         what = "line" if not complete or len(raw) - _eol_length(raw) > max_bytes else "record"
         self.bad_lines[self.lines] = _too_long(what, max_bytes)
         read = self.read
-        delimiter = self.delimiter
-        state = _START if fresh else _QUOTED
+        tokens = self.tokens
+        state = _START if fresh else self.state
         data, pos = raw + rest, 0
         counted = True  # the physical line at `pos` is counted in `lines`
         while True:
             if pos == len(data):
                 data, pos = read(_BLOCK), 0
                 if not data:  # the end of the object ends the record
-                    if state != _QUOTED:
+                    if state != _QUOTED and state != _ESCAPED_IN_QUOTED:
                         break
                     # Unterminated quoted field: the reader must fail the record as it would have.
-                    return ('"' if fresh else None), b""
+                    return (self.quote if fresh else None), b""
             if not counted:
                 self.lines += 1
                 counted = True
@@ -179,27 +244,30 @@ class _CsvLines(_Source):
             eol = cr if cr >= 0 else lf
             if eol < 0:
                 if state != _ERROR:
-                    state = _csv_scan(state, data, pos, len(data), delimiter)
+                    state = _csv_scan(state, data, pos, len(data), tokens)
                 self.offset += len(data) - pos
                 pos = len(data)
                 continue
             if state != _ERROR:
-                state = _csv_scan(state, data, pos, eol, delimiter)
+                state = _csv_scan(state, data, pos, eol, tokens)
             if eol == cr and eol + 1 == len(data):  # a CR at the end of what was read: CRLF?
                 self.offset += eol - pos
                 data, pos, eol = data[eol:] + read(_BLOCK), 0, 0
             end = eol + 2 if data[eol : eol + 2] == b"\r\n" else eol + 1
+            after = _after_line_end(state, data[eol:end])
             self.offset += end - pos
             pos = end
-            if state != _QUOTED:
+            if after is None:
                 break  # the line break ends the record (or the reader's error did)
-            counted = False  # a line break inside a quoted field: the record goes on
-        return ("\n" if fresh else '"\n'), data[pos:]
+            state = after
+            counted = False  # a line break inside a quoted field (or escaped): the record goes on
+        self.state = _QUOTED
+        return ("\n" if fresh else self.quote + "\n"), data[pos:]
 
 
 class CsvParser:
-    """CSV with a header row, read as the csv module reads it (``strict``; quoted fields with
-    delimiters, quotes and line breaks; LF, CRLF or CR line ends; a UTF-8 BOM)."""
+    """CSV read as the csv module reads it (``strict``; quoted fields with delimiters, quotes and line
+    breaks; LF, CRLF or CR line ends; a UTF-8 BOM), in the dialect and encoding of a :class:`Reading`."""
 
     def __init__(
         self,
@@ -209,30 +277,62 @@ class CsvParser:
         line: int = 1,
         header: list[str] | None = None,
         max_line_bytes: int = 8 * 1024 * 1024,
-        delimiter: str = ",",
+        reading: Reading = DEFAULT_READING,
     ) -> None:
         """Create a parser.
 
         Args:
             stream: Binary stream positioned at ``offset`` of the (decompressed) object.
-            offset: Position of ``stream`` in the object; 0 means the header row comes first.
+            offset: Position of ``stream`` in the object; 0 means the header row (if any) comes first.
             line: Physical line number at ``offset``.
-            header: Column names, required when resuming from ``offset > 0``.
+            header: Column names: required when resuming from ``offset > 0`` (the header row's, or
+                those generated from the first row for ``header: none``); the given names otherwise.
             max_line_bytes: Longer records become rejects (see the module docstring).
-            delimiter: Field delimiter, one ASCII character other than a quote or a line break.
+            reading: The dialect, header and encoding. In the middle of a UTF-16 file its encoding
+                names the byte order (``utf-16-le``/``-be``, see :func:`utf16_byte_order`).
         """
+        if header is None and reading.names is not None:
+            header = list(reading.names)
         if offset > 0 and header is None:
             raise ValueError("resuming a CSV from a byte offset needs its header")
-        if len(delimiter) != 1 or not delimiter.isascii() or delimiter in '"\r\n':
-            raise ValueError(
-                f"the delimiter must be one ASCII character other than a quote or a line break, not {delimiter!r}"
-            )
-        self._src = _CsvLines(stream, offset, line, max_line_bytes, delimiter.encode())
+        self._transcoder: Utf16AsUtf8 | None = None
+        if reading.wide:
+            stream = self._transcoded(stream, offset, reading.encoding)
+        label = _LABELS.get(reading.encoding, reading.encoding)
+        self._src = _CsvLines(stream, offset, line, max_line_bytes, reading.tokens(), reading.byte_encoding, label)
+        self._src.transcoded = reading.wide
+        self._stream = stream
         self.header = header
-        self._delimiter = delimiter
+        self._reading = reading
+        self.first_line = line
+        """The line of the header row (or, with ``header: none``, of the first row), once read."""
+        self._width_from = (
+            "as in the header" if reading.header_row else "as many as the header names" if reading.names else
+            "as in the first row"
+        )
+
+    def _transcoded(self, stream: IO[bytes], offset: int, encoding: str) -> IO[bytes]:
+        prefix = b""
+        if offset == 0:
+            while len(prefix) < 2:
+                more = stream.read(2 - len(prefix))
+                if not more:
+                    break
+                prefix += more
+            codec, bom = utf16_byte_order(prefix, encoding)
+            prefix = prefix[bom:]
+            start = bom
+        elif encoding == "utf-16":
+            raise ValueError("resuming a UTF-16 file needs its byte order (utf-16-le or utf-16-be)")
+        else:
+            codec, start = encoding, offset
+        self._transcoder = Utf16AsUtf8(stream, codec, start, offset, prefix)
+        return io.BufferedReader(self._transcoder, _BLOCK)
 
     @property
     def offset(self) -> int:
+        if self._transcoder is not None:
+            return self._transcoder.source_offset(self._src.offset)
         return self._src.offset
 
     @property
@@ -244,19 +344,25 @@ class CsvParser:
         # lowered by whatever ran before in this process) must never decide: always its widest.
         if csv.field_size_limit() != _FIELD_LIMIT:
             csv.field_size_limit(_FIELD_LIMIT)
-        return csv.reader(iter(self._src), delimiter=self._delimiter, strict=True)
+        r = self._reading
+        return csv.reader(
+            iter(self._src), delimiter=r.delimiter, quotechar=r.quotechar, escapechar=r.escapechar, strict=True
+        )
 
     def _read_header(self, reader: Iterator[list[str]]) -> list[str] | None:
         """Read the header row (blank lines before it are skipped); None for a file without rows.
+        With ``header: none`` it is the first row, which sets the number of columns (its line is
+        ``first_line``).
 
         Raises:
-            ValueError: The header row is not valid CSV, not UTF-8, too long, or has an empty or
-                duplicate column name.
+            ValueError: The header row is not valid CSV, not in the file's encoding, too long, or has
+                an empty or duplicate column name.
         """
         src = self._src
         bad = src.bad_lines
+        what = "the header row" if self._reading.header_row else "the first row (it sets the number of columns)"
         while True:
-            start = src.lines + 1
+            start = self.first_line = src.lines + 1
             src.fresh = True
             try:
                 row = next(reader)
@@ -265,13 +371,14 @@ class CsvParser:
             except csv.Error as err:
                 problems = _take_problems(bad, start, src.lines) if bad else None
                 if problems:
-                    raise ValueError(f"the header row (line {start}) cannot be read: {problems}") from None
-                raise ValueError(f"the header row (line {start}) is not valid CSV: {err}") from None
+                    raise ValueError(f"{what} (line {start}) cannot be read: {problems}") from None
+                raise ValueError(f"{what} (line {start}) is not valid CSV: {err}") from None
             problems = _take_problems(bad, start, src.lines) if bad else None
             if problems:
-                raise ValueError(f"the header row (line {start}) cannot be read: {problems}")
+                raise ValueError(f"{what} (line {start}) cannot be read: {problems}")
             if row:
-                _check_column_names(row, start)
+                if self._reading.header_row:
+                    _check_column_names(row, start)
                 return row
 
     def __iter__(self) -> Iterator[Record]:
@@ -282,11 +389,17 @@ class CsvParser:
                 itself, not at the first ``next()``, so a caller can tell a bad file from a bad record.
         """
         reader = self._reader()
-        if self.header is None:
-            self.header = self._read_header(reader)
-            if self.header is None:
-                return iter(())
-        return self._records(reader, self.header)
+        if self.header is not None:
+            return self._records(reader, self.header)
+        row = self._read_header(reader)
+        if row is None:
+            return iter(())
+        if self._reading.header_row:
+            self.header = row
+            return self._records(reader, row)
+        self.header = header = generated_names(len(row))
+        first = Record(self.first_line, dict(zip(header, row, strict=True)))
+        return itertools.chain((first,), self._records(reader, header))
 
     def _records(self, reader: Iterator[list[str]], header: list[str]) -> Iterator[Record]:
         src = self._src
@@ -312,7 +425,7 @@ class CsvParser:
             if not row:
                 continue  # blank line: not a record
             if len(row) != width:
-                yield Record(start, None, f"expected {width} fields (as in the header), got {len(row)}")
+                yield Record(start, None, f"expected {width} fields ({self._width_from}), got {len(row)}")
                 continue
             yield new(Record, (start, dict(zip(header, row, strict=True)), None))
 
@@ -340,16 +453,25 @@ def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
     return "; ".join(found) if found else None
 
 
-def read_csv_header(stream: IO[bytes], max_line_bytes: int = 8 * 1024 * 1024) -> list[str] | None:
-    """Read only the header row of a CSV stream that starts at byte 0 (None for an empty file).
+def generated_names(width: int) -> list[str]:
+    """The column names of a file read with ``header: none``: ``col_1`` .. ``col_{width}``."""
+    return [f"col_{n}" for n in range(1, width + 1)]
+
+
+def read_csv_header(
+    stream: IO[bytes], max_line_bytes: int = 8 * 1024 * 1024, reading: Reading = DEFAULT_READING
+) -> list[str] | None:
+    """Read only the header row of a CSV stream that starts at byte 0 (None for an empty file); with
+    ``header: none``, the names generated for its first row.
 
     The stream is read line by line (up to each LF), so nothing after the header row is parsed, and
     with LF or CRLF line ends nothing after it is read either.
 
     Raises:
-        ValueError: The header row cannot be used (not valid CSV, not UTF-8, too long, an empty or
-            duplicate column name).
+        ValueError: The header row cannot be used (not valid CSV, not in the file's encoding, too long,
+            an empty or duplicate column name).
     """
-    parser = CsvParser(stream, max_line_bytes=max_line_bytes)
-    parser._src.read = stream.readline
-    return parser._read_header(parser._reader())
+    parser = CsvParser(stream, max_line_bytes=max_line_bytes, reading=reading)
+    parser._src.read = parser._stream.readline
+    row = parser._read_header(parser._reader())
+    return row if row is None or reading.header_row else generated_names(len(row))

@@ -9,21 +9,40 @@ are skipped (a compressed stream cannot be entered mid-way).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 from collections.abc import Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
-from s3batch.errors import BadFile
+from s3batch.errors import BadFile, InvalidInput
 from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
 from s3batch.formats.compression import Compression, CorruptCompressed, advice, open_decompressed
-from s3batch.formats.csv import read_csv_header
+from s3batch.formats.csv import DEFAULT_READING, read_csv_header
 from s3batch.formats.parquet import ParquetParser, PinnedFile
+from s3batch.formats.transcode import utf16_byte_order
+from s3batch.reading import READ_OPTIONS, Reading
 from s3batch.s3io import RangedReader, open_object
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.models import ProcessFileInput
+
+def reading_of(req: ProcessFileInput, fmt: ParsedFormat, where: str) -> Reading:
+    """How the file of ``req`` is read (the job's reading options; defaults but for CSV).
+
+    Raises:
+        InvalidInput: An option is invalid (an input that did not go through ``S3BatchInput``).
+    """
+    if fmt != "csv":
+        return DEFAULT_READING
+    try:
+        return Reading.of(req.obj.key, req.model_dump(include=set(READ_OPTIONS)))
+    except ValueError as err:
+        raise InvalidInput(f"cannot read {where}: {err}") from None
+
 
 class SourceFile:
     """One version of one source object, read as records of ``fmt``.
@@ -37,6 +56,7 @@ class SourceFile:
         fmt: Its format.
         compression: How it is compressed (None: not).
         max_record_bytes: The job's limit on one record.
+        reading: How a CSV is read (dialect, header, encoding).
     """
 
     def __init__(
@@ -50,6 +70,7 @@ class SourceFile:
         fmt: ParsedFormat,
         compression: Compression | None,
         max_record_bytes: int,
+        reading: Reading = DEFAULT_READING,
     ) -> None:
         self.s3 = s3
         self.bucket = bucket
@@ -59,6 +80,7 @@ class SourceFile:
         self.fmt = fmt
         self.compression = compression
         self.max_record_bytes = max_record_bytes
+        self.reading = reading
         self.where = f"s3://{bucket}/{key}"
         self.version_id: str | None = None
         """The version to read (None: the current one, pinned by the first read)."""
@@ -99,7 +121,7 @@ class SourceFile:
                 raw = stack.enter_context(self._open(0))
                 self.raw = cast(RangedReader, raw.raw)
                 stream: Any = stack.enter_context(open_decompressed(raw, self.compression))
-                parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes)
+                parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes, reading=self.reading)
                 records = iter(parser)
                 skipped = sum(1 for _ in islice(records, next_record))
                 if skipped != next_record:
@@ -107,17 +129,35 @@ class SourceFile:
                 return records, parser
             offset = byte_offset or 0
             header = None
+            reading = self.reading
             if self.fmt == "csv" and offset > 0:
-                with self._open(0, window=64 * 1024) as head_stream:
-                    header = read_csv_header(head_stream, max_bytes)
+                reading, header = self._csv_head()
             stream = stack.enter_context(self._open(offset))
             self.raw = cast(RangedReader, stream.raw)
-            parser = make_parser(self.fmt, stream, offset=offset, line=line, header=header, max_line_bytes=max_bytes)
+            parser = make_parser(
+                self.fmt, stream, offset=offset, line=line, header=header, max_line_bytes=max_bytes, reading=reading
+            )
             return iter(parser), parser
         except ValueError as err:  # an unreadable CSV header
             if isinstance(err, BadFile):
                 raise
             raise BadFile(f"{self.where}: {err}") from None
+
+    def _csv_head(self) -> tuple[Reading, list[str] | None]:
+        """Resuming a CSV: what its first bytes say, its column names (from the header row, or the
+        number of fields of its first row with ``header: none``; None when given in the job) and, for
+        ``utf-16``, its byte order (from its BOM)."""
+        reading = self.reading
+        if reading.names is not None and reading.encoding != "utf-16":
+            return reading, None
+        with self._open(0, window=64 * 1024) as head:
+            if reading.encoding == "utf-16":
+                codec, _ = utf16_byte_order(head.peek(2)[:2], reading.encoding)
+                resumed = dataclasses.replace(reading, encoding=codec)
+            else:
+                resumed = reading
+            header = None if reading.names is not None else read_csv_header(head, self.max_record_bytes, reading)
+        return resumed, header
 
     def parquet_rows(self, next_record: int, stack: contextlib.ExitStack) -> tuple[Iterator[Record], Parser]:
         """The rows of a Parquet file from row ``next_record`` on (earlier row groups are not read)."""
