@@ -14,7 +14,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from rich.console import Console
 from s3batch.activities.s3_activities import S3Activities
+from s3batch.workflows.status import details, job_progress
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -22,8 +24,11 @@ from temporalio.worker import Worker
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint
-from s3batch.models import FileResult, ObjectRef, ProcessFileInput, S3BatchInput
-from s3batch.rejects import RATIO_MIN_RECORDS, reason_key
+from s3batch.cli.render import print_view
+from s3batch.cli.watch import watch_renderable
+from s3batch.client.views import JobView
+from s3batch.models import FileResult, JobState, ObjectRef, ProcessFileInput, Progress, S3BatchInput
+from s3batch.rejects import RATIO_MIN_RECORDS, reason_key, with_job_warnings
 from tests.helpers import run
 from tests.helpers.jobs import execute, new_id
 from tests.helpers.output import committed_parts, report
@@ -167,8 +172,8 @@ def test_counts_and_reasons_survive_a_crash_and_resume_from_heartbeat_or_parts(
     # a.csv resumed from its last heartbeat, b.csv from an old one (the parts' checkpoints carry the rest).
     a, b = objs
     old = [beat for beat in beats_of[b.key] if beat["chunk"] == 2][-1]
-    for obj, details in ((a, [beats_of[a.key][-1]]), (b, [old])):
-        result, _ = attempt(s3, file_input(buckets, obj, max_rejected_records=400), number=2, details=details)
+    for obj, hint in ((a, [beats_of[a.key][-1]]), (b, [old])):
+        result, _ = attempt(s3, file_input(buckets, obj, max_rejected_records=400), number=2, details=hint)
         assert result is not None and result.resumed_from_record == 600
         assert result.rejected == body.count(MARKER.encode()) == 334
         assert {r.reason: r.count for r in result.reject_reasons or []} == expected_reasons(body)
@@ -301,3 +306,24 @@ def test_the_job_limits_are_checked_at_start_naming_the_field() -> None:
             S3BatchInput.model_validate({"bucket": "src", "output_bucket": "out", **bad})
     assert "max_rejected_ratio" not in S3BatchInput(bucket="src", output_bucket="out").model_dump()
     assert Checkpoint(etag="e", fingerprint="f").reject_reasons == []
+
+
+def test_a_running_job_shows_its_warnings_in_the_web_ui_details_watch_and_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # While the job runs, status and watch show what the progress query returns, the Web UI the
+    # workflow's current details: all from the job's state.
+    warned = FileResult(key="in/a.csv", etag="e", status="succeeded", warnings=["80.0% of its records were rejected"])
+    state = JobState(listing_done=True, warnings=with_job_warnings(None, warned))
+    assert "warning: in/a.csv: 80.0% of its records were rejected" in details(state, None, 0, 8, False, None)
+    p: Progress = job_progress(state, {}, 8, False)
+    view = JobView(workflow_id="job-1", run_id="r", status="running", ui_url="http://ui", progress=p)
+    console = Console(width=200, color_system=None)
+    with console.capture() as shown:
+        console.print(watch_renderable(view, []))
+    assert "warning  in/a.csv: 80.0% of its records were rejected" in shown.get()
+    print_view(view)
+    assert "warning  in/a.csv: 80.0% of its records were rejected" in capsys.readouterr().out
+    # Without warnings the state is written as before (continue-as-new carries it).
+    assert "warnings" not in JobState().model_dump()
+    assert with_job_warnings(None, FileResult(key="b", etag="e", status="succeeded")) is None
