@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -27,8 +28,10 @@ from s3batch.checkpoint import Checkpoint
 from s3batch.cli.render import print_view
 from s3batch.cli.watch import watch_renderable
 from s3batch.client.views import JobView
+from s3batch.formats.common import Record
+from s3batch.handlers import HandlerResult, Reject, chunk_handler, record_handler
 from s3batch.models import FileResult, JobState, ObjectRef, ProcessFileInput, Progress, S3BatchInput
-from s3batch.rejects import RATIO_MIN_RECORDS, reason_key, with_job_warnings
+from s3batch.rejects import HANDLER_REASON, RATIO_MIN_RECORDS, reason_key, with_job_warnings
 from tests.helpers import run
 from tests.helpers.jobs import execute, new_id
 from tests.helpers.output import committed_parts, report
@@ -222,21 +225,26 @@ def job(src: str, out: str, **options: Any) -> S3BatchInput:
     return S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix=OUT, handler="customers", **options)
 
 
+@pytest.mark.parametrize("group_max_files", [1, 100], ids=["file-activity", "group-activity"])
 async def test_a_job_over_the_ratio_reports_the_file_failed_with_its_counts(
-    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str], group_max_files: int
 ) -> None:
     src, out = buckets
     upload(s3, src, "in/customers.csv", customers_csv(1500))
+    upload(s3, src, "in/good.csv", customers_csv(20, lambda i: False))
+    spec = job(src, out, chunk_records=100, max_rejected_ratio=0.5, group_max_files=group_max_files)
     with pytest.raises(WorkflowFailureError) as failure:
-        await execute(client, task_queue, job(src, out, chunk_records=100, max_rejected_ratio=0.5), "ratio")
+        await execute(client, task_queue, spec, "ratio")
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "JobFailed"
     rep = report(s3, out)
-    (f,) = rep["files"]
+    f, good = rep["files"]
+    assert good["status"] == "succeeded" and "reject_ratio" not in good and "warnings" not in good
     assert f["status"] == "failed" and f["error"].startswith("TooManyRejects: ")
     assert (f["records"], f["rejected"], f["chunks"], f["reject_ratio"]) == (1000, 1000, 10, 1.0)
     assert f["reject_reasons"][0]["reason"] == EMAIL_REASON
     assert rep["totals"]["rejected"] == 1000 and rep["input"]["max_rejected_ratio"] == 0.5
+    assert "max_rejected_records" not in rep["input"]  # options not set stay out of the report
     no_marker(rep)
 
 
@@ -327,3 +335,33 @@ def test_a_running_job_shows_its_warnings_in_the_web_ui_details_watch_and_status
     # Without warnings the state is written as before (continue-as-new carries it).
     assert "warnings" not in JobState().model_dump()
     assert with_job_warnings(None, FileResult(key="b", etag="e", status="succeeded")) is None
+
+
+@record_handler("rejects-test-quoting")
+def _quoting(value: dict[str, str]) -> dict[str, str]:
+    if value["email"].startswith(MARKER):
+        raise ValueError(f"bad email {value['email']}")  # quotes the record, as handlers may
+    return value
+
+
+@chunk_handler("rejects-test-no-summary")
+def _no_summary(records: Sequence[Record]) -> HandlerResult:
+    return HandlerResult([], [Reject(r.line, f"refused {r.value}") for r in records], dropped=0)
+
+
+@pytest.mark.parametrize(
+    ("handler", "reason"),
+    [("rejects-test-quoting", "ValueError raised by the handler"), ("rejects-test-no-summary", HANDLER_REASON)],
+)
+def test_a_handler_reason_that_may_quote_the_record_is_counted_by_its_summary_only(
+    s3: Any, buckets: tuple[str, str], handler: str, reason: str
+) -> None:
+    src, out = buckets
+    obj = upload(s3, src, "in/customers.csv", customers_csv(30))
+    result, beats = attempt(s3, file_input(buckets, obj, handler=handler, chunk_records=10))
+    assert result is not None and result.rejected == 30
+    assert [(r.reason, r.count) for r in result.reject_reasons or []] == [(reason, 30)]
+    no_marker(result.model_dump(), beats)
+    # The rejects file keeps the full reason (it holds the record anyway).
+    body = s3.get_object(Bucket=out, Key=layout.rejects_key(OUT, obj.key, 0))["Body"].read()
+    assert MARKER in json.loads(body.splitlines()[0])["reason"]
