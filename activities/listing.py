@@ -9,15 +9,22 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3batch.models import ListObjectsInput, ListObjectsResult, ObjectRef
 from s3batch.report import JobReport, redrive_plan
 from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
+from s3batch.selection import KeyFilter
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
 def list_page(
-    s3: S3Client, bucket: str, prefix: str, page_size: int, continuation_token: str | None
+    s3: S3Client,
+    bucket: str,
+    prefix: str,
+    page_size: int,
+    continuation_token: str | None,
+    selection: KeyFilter | None = None,
 ) -> ListObjectsResult:
-    """One page of ListObjectsV2 under ``prefix``. Folder markers (``key/`` of size 0) are skipped."""
+    """One page of ListObjectsV2 under ``prefix``. Folder markers (``key/`` of size 0) are skipped, and
+    so are the objects the job's filters leave out (``selection``; a page may then be empty)."""
     kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
     if continuation_token:
         kwargs["ContinuationToken"] = continuation_token
@@ -29,6 +36,7 @@ def list_page(
         ObjectRef(key=item["Key"], etag=strip_etag(item["ETag"]), size=item["Size"])
         for item in response.get("Contents", [])
         if not (item["Key"].endswith("/") and item["Size"] == 0)
+        and (selection is None or selection.takes(item["Key"], item.get("LastModified")))
     ]
     token = response.get("NextContinuationToken") if response.get("IsTruncated") else None
     return ListObjectsResult(objects=objects, next_token=token)
@@ -45,7 +53,7 @@ def list_redrive_page(s3: S3Client, req: ListObjectsInput, report: JobReport) ->
     keys, rest = redrive_plan(report, req.prefix)
     token = req.continuation_token or "0"
     if token.startswith("s3:"):
-        page = list_page(s3, req.bucket, req.prefix, req.page_size, token[3:] or None)
+        page = list_page(s3, req.bucket, req.prefix, req.page_size, token[3:] or None, req.selection)
         return page.model_copy(update={"next_token": None if page.next_token is None else f"s3:{page.next_token}"})
     start = int(token)
     objects = []

@@ -18,6 +18,7 @@ from s3batch.activities import files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.listing import list_page, list_redrive_page
+from s3batch.activities.manifests import check_manifest, list_manifest_page
 from s3batch.activities.ownership import check_output_free, write_check_metadata
 from temporalio import activity
 
@@ -38,6 +39,7 @@ from s3batch.models import (
 )
 from s3batch.report import JobReport, assemble_report, books_error, read_report, read_segment, segment_body
 from s3batch.s3io import check_allowed, check_ceilings, raise_s3_error, sse_params
+from s3batch.selection import split_s3_uri
 from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
@@ -88,7 +90,10 @@ class S3Activities:
         buckets or prefixes this worker may not use, limits over its ceilings, missing or unreadable
         buckets."""
         get_handler(job.handler)
-        check_allowed(self.settings, "sources", job.bucket, job.prefix)
+        if job.manifest:
+            check_allowed(self.settings, "sources", *split_s3_uri(job.manifest))
+        else:
+            check_allowed(self.settings, "sources", job.bucket, job.prefix)
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
         if job.only_failed_of:
             self._report_location(job.only_failed_of)
@@ -98,7 +103,10 @@ class S3Activities:
 
             check_sink(job.sink, self.pools)  # a connection this worker lacks, a missing table: fail at start
         try:
-            self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
+            if job.manifest:
+                check_manifest(self.s3, job.manifest)
+            else:
+                self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "listing", job.bucket, job.prefix or None)
         # The bucket must exist (some S3 servers create it on the first PUT), and a tiny write proves
@@ -135,10 +143,13 @@ class S3Activities:
     @boundary()
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
+        if req.manifest:
+            check_allowed(self.settings, "sources", *split_s3_uri(req.manifest))
+            return list_manifest_page(self.s3, req)
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
             return list_redrive_page(self.s3, req, self._read_report(req.report))
-        return list_page(self.s3, req.bucket, req.prefix, req.page_size, req.continuation_token)
+        return list_page(self.s3, req.bucket, req.prefix, req.page_size, req.continuation_token, req.selection)
 
     def _report_location(self, uri: str) -> tuple[str, str]:
         """Bucket and key of the report ``uri`` to redrive, when the worker may read it (a report

@@ -31,6 +31,7 @@ from s3batch.reading import (
     check_header,
     normalize_encoding,
 )
+from s3batch.selection import KeyFilter, parse_time
 from s3batch.sinks.spec import Sink
 from s3batch.validation import INPUT_ERROR
 
@@ -75,8 +76,11 @@ def _without_nones(data: Any, names: frozenset[str]) -> Any:
 REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_rejected_total"})
 """The job options on rejects (see ``s3batch.rejects``); None: no limit."""
 
-_UNSET_OMITTED = READ_OPTIONS | REJECT_LIMITS | {"sink"}
+_UNSET_OMITTED = READ_OPTIONS | (
+    REJECT_LIMITS | {"sink"} | {"manifest", "include", "exclude", "modified_after", "modified_before"}
+)
 """Job options left out of the input as written when unset: a job without them is written as before."""
+
 
 _OFF_OMITTED = frozenset({"fail_if_empty", "overwrite_output"})
 """Job switches left out of the input as written when off: a job without them is written as before."""
@@ -92,10 +96,21 @@ class S3BatchInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
 
-    bucket: BucketName
-    """Source bucket."""
+    bucket: BucketName = ""
+    """Source bucket (required unless ``manifest`` names the objects)."""
     prefix: str = ""
     """Only objects whose key starts with this prefix are processed ("" = the whole bucket)."""
+    manifest: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
+    """Instead of ``bucket``/``prefix``: ``s3://bucket/key`` of an S3 Inventory ``manifest.json`` or of a
+    plain CSV (``bucket,key[,version_id]``) or JSONL list of the objects to process (see ``s3batch.manifests``)."""
+    include: list[str] | None = None
+    """Only keys matching one of these globs (whole key, ``*`` also matches ``/``; see ``s3batch.selection``)."""
+    exclude: list[str] | None = None
+    """Keys matching one of these globs are left out (exclude wins over include)."""
+    modified_after: str | None = None
+    """ISO 8601: only objects last modified at or after this time (UTC when it has no zone)."""
+    modified_before: str | None = None
+    """ISO 8601: only objects last modified before this time."""
     output_bucket: BucketName
     """Bucket that receives the parts, rejects and the job report."""
     output_prefix: str = ""
@@ -171,6 +186,37 @@ class S3BatchInput(BaseModel):
             )
         return value
 
+    @field_validator("modified_after", "modified_before")
+    @classmethod
+    def _iso_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_time(value)
+            except ValueError:
+                raise PydanticCustomError(
+                    INPUT_ERROR, "must be an ISO 8601 date or time such as '2026-11-30' or '2026-11-30T08:00:00Z'"
+                ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> S3BatchInput:
+        if self.manifest is None and not self.bucket:
+            raise PydanticCustomError(INPUT_ERROR, "give bucket (and prefix), or manifest: the objects to process")
+        if self.manifest is not None and (self.bucket or self.prefix or self.only_failed_of):
+            raise PydanticCustomError(
+                INPUT_ERROR,
+                "manifest names the objects itself: give either manifest or bucket/prefix (and no only_failed_of)",
+            )
+        after, before = self.modified_after, self.modified_before
+        if after and before and parse_time(after) >= parse_time(before):
+            raise PydanticCustomError(INPUT_ERROR, "modified_after must be earlier than modified_before")
+        return self
+
+    def selection(self) -> KeyFilter:
+        """The job's filters."""
+        include, exclude = tuple(self.include or ()), tuple(self.exclude or ())
+        return KeyFilter(include, exclude, self.modified_after, self.modified_before)
+
     @field_validator("delimiter", "quotechar", "escapechar")
     @classmethod
     def _one_character(cls, value: str | None) -> str | None:
@@ -229,6 +275,8 @@ class S3BatchInput(BaseModel):
     def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = _without_nones(handler(self), _UNSET_OMITTED)
         if isinstance(data, dict):
+            if data.get("bucket") == "":
+                del data["bucket"]  # a manifest job's: "" is no bucket (and not a bucket name)
             return {name: value for name, value in data.items() if not (name in _OFF_OMITTED and value is False)}
         return data
 
@@ -252,7 +300,16 @@ class ObjectRef(_Model):
     """ETag at listing time (quotes stripped); every read is conditional on it."""
     size: int
     version_id: str | None = None
-    """Version pinned at the first read, where the bucket is versioned."""
+    """Version pinned at the first read, where the bucket is versioned (or the one a manifest names)."""
+    bucket: str | None = None
+    """Its bucket when it is not the job's ``bucket`` (a manifest's objects; None: left out of payloads)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_job_bucket(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), _OBJECT_BUCKET)
+
+
+_OBJECT_BUCKET = frozenset({"bucket"})
 
 
 class Totals(_Model):
@@ -328,6 +385,17 @@ class ListObjectsInput(_Model):
     report: str | None = None
     """List the failed files of this report (``s3://bucket/key``) instead of the bucket."""
     page_size: int = Field(500, ge=1, le=1_000)
+    manifest: str | None = None
+    """List the objects this manifest names (``s3://bucket/key``) instead of the bucket."""
+    selection: KeyFilter | None = None
+    """The job's filters (None: none)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _without_nones(handler(self), _LISTING_OPTIONS)
+
+
+_LISTING_OPTIONS = frozenset({"manifest", "selection"})
 
 
 class ListObjectsResult(_Model):
@@ -378,7 +446,8 @@ class ProcessGroupInput(_Model):
 
     def items(self) -> list[ProcessFileInput]:
         first = self.file
-        return [first, *(first.model_copy(update={"obj": obj}) for obj in self.more)]
+        # A manifest's objects carry their bucket.
+        return [first, *(first.model_copy(update={"obj": o, "bucket": o.bucket or first.bucket}) for o in self.more)]
 
 
 class ReasonCount(_Model):

@@ -12,13 +12,14 @@ async def test_start_help_documents_every_job_field_with_its_docstring_and_defau
     r = await run("s3batch", "start", "--help")
     assert r.code == 0, r
     text = " ".join(r.stdout.split())  # argparse wraps long help lines
-    assert "--bucket BUCKET Source bucket. (required)" in text
+    assert "--bucket BUCKET Source bucket (required unless manifest names the objects). (default: '')" in text
     chunk = "Records per chunk: one output part and one checkpoint per chunk. (default: 10000)"
     assert f"--chunk-records RECORDS {chunk}" in text
     # reST literal quotes are dropped, whitespace of multi-line docstrings folded.
     prefix = "Prefix of every output key: {output_prefix}{key}/part-00000.jsonl. (default: '')"
     assert f"--output-prefix PREFIX {prefix}" in text
-    assert "--format {auto,csv,jsonl} csv (RFC 4180 with a header row), jsonl, or auto to pick by extension" in text
+    formats = "csv (RFC 4180 with a header row), jsonl, parquet, or auto to pick by extension"
+    assert f"--format {{auto,csv,jsonl,parquet}} {formats}" in text
     for name, info in S3BatchInput.model_fields.items():
         assert info.description, name  # every field has a docstring to show
         assert flag(name) in text, name

@@ -235,6 +235,8 @@ class S3BatchWorkflow:
                 continuation_token=st.continuation_token,
                 page_size=LIST_PAGE_SIZE,
                 report=spec.only_failed_of,
+                manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
+                selection=spec.selection() if spec.selection().active else None,
             ),
             start_to_close_timeout=SHORT_TIMEOUT,
             retry_policy=SHORT_RETRY,

@@ -48,7 +48,7 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
     """The input of the activity that processes ``obj``."""
     return ProcessFileInput(
         job_id=workflow.info().workflow_id,
-        bucket=spec.bucket,
+        bucket=obj.bucket or spec.bucket,  # a manifest's objects carry their bucket
         obj=obj,
         output_bucket=spec.output_bucket,
         output_prefix=spec.output_prefix,
