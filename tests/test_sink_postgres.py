@@ -248,3 +248,23 @@ async def test_exactly_once_into_the_table_across_sigkills_mid_file(
     entry = report(s3, out, "o/")["files"][0]
     assert entry["records_written"] == rows and entry["attempts"] >= 4
     assert entry["resumed_from_record"] > 0
+
+
+async def test_json_values_map_to_columns_exactly(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    name = f"docs_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{name} (id bigint, amount numeric, meta jsonb, tags jsonb, ok boolean, note text)")
+    lines = [
+        '{"id": 1, "amount": 123456789012345678901234567890.000000001, "meta": {"a": [1, 2]}, "tags": ["x"], '
+        '"ok": true}',
+        '{"id": 2, "amount": 0.1, "meta": null, "tags": [], "ok": false, "note": "n"}',
+    ]
+    s3.put_object(Bucket=src, Key="in/d.jsonl", Body=("\n".join(lines) + "\n").encode())
+    assert (await execute(client, task_queue, _job(src, out, name))).status == "succeeded"
+    rows = pg.execute(f"SELECT id, amount::text, meta::text, tags::text, ok, note FROM public.{name} ORDER BY id")
+    assert rows == [
+        (1, "123456789012345678901234567890.000000001", '{"a": [1, 2]}', '["x"]', True, None),
+        (2, "0.1", None, "[]", False, "n"),
+    ]

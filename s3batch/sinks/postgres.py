@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from s3batch import layout
@@ -109,7 +110,13 @@ class PostgresPools:
                     "or name another connection"
                 )
             pool: ConnectionPool[Any] = ConnectionPool(
-                dsn, min_size=1, max_size=self.max_size, open=True, name=f"s3batch-{name}", timeout=30
+                dsn,
+                min_size=1,
+                max_size=self.max_size,
+                open=True,
+                name=f"s3batch-{name}",
+                timeout=30,
+                configure=_configure,
             )
             self._pools[name] = pool
             return pool
@@ -189,11 +196,17 @@ def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
         raise _database_error(err, "checking", spec) from None
 
 
-def _cell(value: Any) -> Any:
-    """A JSON value as ``COPY`` is given it: objects and arrays as JSON text (for json/jsonb columns)."""
-    if isinstance(value, dict | list):
-        return encode_json(value).decode()
-    return value
+class _JsonText(Dumper):
+    """Objects and arrays of the handler's output as their JSON text (for json/jsonb/text columns)."""
+
+    def dump(self, obj: Any) -> bytes:
+        return encode_json(obj)
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """Each pooled connection: JSON objects and arrays are given to ``COPY`` as JSON text."""
+    conn.adapters.register_dumper(dict, _JsonText)
+    conn.adapters.register_dumper(list, _JsonText)
 
 
 class PostgresOutput:
@@ -265,7 +278,7 @@ class PostgresOutput:
         the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``."""
         values = decoded(output)
         columns = self._columns_of(values)
-        rows = [tuple(_cell(v.get(c)) for c in columns) for v in values]
+        rows = [tuple(map(v.get, columns)) for v in values]
         try:
             with self.pool.connection() as conn, conn.transaction():
                 self._lock(conn, cp)
