@@ -7,9 +7,11 @@ import asyncio
 import json
 import os
 import socket
+import sys
 import uuid
 from asyncio.subprocess import DEVNULL, PIPE, STDOUT
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in
 from s3batch import layout
 from tests.helpers import BIN, Run, wait_for
 from tests.helpers.data import make_csv
-from tests.helpers.jobs import new_id, slow_job, start, until
+from tests.helpers.jobs import SLOW_HEARTBEAT_TIMEOUT, new_id, slow_job, start, until
 from tests.helpers.output import report
 
 
@@ -297,3 +299,54 @@ async def test_a_job_refuses_an_output_prefix_holding_another_jobs_output(
     # The job that owns the prefix now can be redriven into it (nothing failed: refused for that reason only).
     redrive = await s3batch("redrive", third)
     assert redrive.code == 3 and "holds the output" not in redrive.stderr, redrive
+
+
+async def test_a_flag_typo_suggests_the_closest_flag_or_command():
+    """Point 9: ``--ouput-prefix`` and ``statsu`` get the closest flag or command, exit 2."""
+    typo = await s3batch("start", "--bucket", "incoming", "--ouput-prefix", "runs/1/")
+    assert typo.code == 2, typo
+    assert "unrecognized argument '--ouput-prefix': did you mean --output-prefix?" in typo.stderr, typo
+    assert "'runs/1/'" not in typo.stderr  # the flag's value is not a second unknown argument
+    command = await s3batch("statsu", "job-1")
+    assert command.code == 2 and "did you mean 'status'?" in command.stderr, command
+
+
+async def test_the_same_id_with_another_input_is_an_error_and_the_same_input_follows_the_job(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """Point 9: starting a running job's ID again with a different input exits 3 naming the fields that
+    differ (nothing started); with the identical input it follows the running job (exit 0)."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(20_000))
+    handle = await start(client, task_queue, slow_job(src, out), "same-id")
+    await until(lambda p: p.files_in_flight == 1, handle)
+    same = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "o/",
+            "--handler", "slow_passthrough", "--chunk-records", "100", "--group-max-files", "1",
+            "--heartbeat-timeout-seconds", str(SLOW_HEARTBEAT_TIMEOUT), "--id", handle.id,
+            "--task-queue", task_queue]  # fmt: skip
+    followed = await s3batch("start", *same)
+    assert followed.code == 0 and "was already running" in followed.stdout, followed
+    other = await s3batch("start", *same, "--chunk-records", "200")
+    assert other.code == 3, other
+    said = " ".join(other.stderr.split())
+    assert f"job '{handle.id}' is running with another input (it differs in chunk_records)" in said, said
+    assert (await handle.describe()).run_id == handle.result_run_id  # the running job goes on untouched
+    await handle.cancel()
+
+
+async def test_the_python_example_runs_as_a_script(s3: Any, buckets: tuple[str, str]):
+    """Point 9: the README's Python example is ``examples/start_job.py``, a script that runs (no
+    top-level ``await``): its own worker in the process, a job to its end."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="demo/a.csv", Body=make_csv(25))
+    script = Path(__file__).parent.parent / "examples" / "start_job.py"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), src, "demo/", out, "runs/python/", stdout=PIPE, stderr=PIPE, stdin=DEVNULL
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert stdout.decode().splitlines() == [
+        "succeeded: 1 of 1 files, 25 written",
+        f"report: s3://{out}/runs/python/_report.json",
+    ], stdout
+    assert report(s3, out, "runs/python/")["totals"]["records_written"] == 25

@@ -36,8 +36,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import os
+import re
 import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
@@ -48,9 +52,45 @@ from s3batch.client import ClientError
 from s3batch.errors import S3BatchError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with the closest flag suggested for a flag it does not know (``--ouput-prefix``)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        # (typeshed overloads parse_args on the namespace's type; this one takes and returns any)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unknown(extras, self._command_parser(parsed)))
+        return parsed
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(str(getattr(parsed, action.dest, "")), self)
+        return self
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.match(r"argument \S+: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if choice:
+            close = difflib.get_close_matches(choice[1], re.findall(r"'([^']*)'", choice[2]), n=1, cutoff=0.6)
+            if close:
+                message += f": did you mean {close[0]!r}?"
+        super().error(message)
+
+    @staticmethod
+    def _unknown(extras: list[str], parser: argparse.ArgumentParser) -> str:
+        known = [option for action in parser._actions for option in action.option_strings]
+        lines = []
+        for extra in [e for e in extras if e.startswith("-")] or extras:  # not the value after a flag
+            flag = extra.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+            hint = f": did you mean {close[0]}?" if close else ""
+            lines.append(f"unrecognized argument {extra!r}{hint}")
+        return "; ".join(lines) + f" (see `{parser.prog} --help`)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``s3batch`` command line: each module adds its commands (the order of ``--help``)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="s3batch",
         description="Start and follow s3batch jobs (durable processing of files in S3 on Temporal).",
         epilog="Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY or a "

@@ -56,5 +56,13 @@ class JobIdUsed(WrongJobState):
         self.run_id = run_id
 
 
+class JobIdRunning(WrongJobState):
+    """A job with this ID is running with another input: nothing was started (the running job goes on)."""
+
+    def __init__(self, message: str, workflow_id: str) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+
+
 class NothingToRedrive(WrongJobState):
     """The job is still running, or its report lists no file to process again."""

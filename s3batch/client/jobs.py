@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import WORKFLOW_TYPE
 from s3batch import search_attributes as sa
-from s3batch.client.errors import ConnectFailed, InvalidRequest, JobIdUsed, JobNotFound
+from s3batch.client.errors import ConnectFailed, InvalidRequest, JobIdRunning, JobIdUsed, JobNotFound
 from s3batch.client.inflight import ObjectsCache, in_flight_files
 from s3batch.client.views import TASK_WAIT_SECONDS, JobSummary, JobView, Outcome, StartedJob
 from s3batch.codec import KeyringError
@@ -152,6 +152,7 @@ async def start(
 
     Raises:
         JobIdUsed: A job with this ID already ran and finished (an ID is never reused).
+        JobIdRunning: A job with this ID is running with another input.
     """
     keys = environment_keys() if keys is None else list(keys)
     workflow_id = workflow_id or default_workflow_id(job, encrypted=bool(keys))
@@ -171,13 +172,35 @@ async def start(
             workflow_id,
             err.run_id,
         ) from None
+    already_running = not _was_started(handle)
+    if already_running:
+        await _check_same_input(client, workflow_id, job)
     return StartedJob(
         workflow_id=workflow_id,
         run_id=handle.result_run_id,
         namespace=client.namespace,
-        already_running=not _was_started(handle),
+        already_running=already_running,
         ui_url=ui_url(client, workflow_id),
     )
+
+
+async def _check_same_input(client: Client, workflow_id: str, job: S3BatchInput) -> None:
+    """A start that found ``workflow_id`` running follows it only when it runs this very job.
+
+    Raises:
+        JobIdRunning: The running job has another input (named by the fields that differ).
+    """
+    from s3batch.client.reports import job_input  # reports imports this module
+
+    running = (await job_input(client, workflow_id)).model_dump(mode="json")
+    wanted = job.model_dump(mode="json")
+    differ = sorted(name for name in {*running, *wanted} if running.get(name) != wanted.get(name))
+    if differ:
+        raise JobIdRunning(
+            f"job {workflow_id!r} is running with another input (it differs in {', '.join(differ)}); nothing was "
+            "started. Pass another ID to start this job, or the same input to follow the running one",
+            workflow_id,
+        )
 
 
 # ------------------------------------------------------------------------------ reading a job
