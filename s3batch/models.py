@@ -102,7 +102,8 @@ class S3BatchInput(BaseModel):
     """Only objects whose key starts with this prefix are processed ("" = the whole bucket)."""
     manifest: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
     """Instead of ``bucket``/``prefix``: ``s3://bucket/key`` of an S3 Inventory ``manifest.json`` or of a
-    plain CSV (``bucket,key[,version_id]``) or JSONL list of the objects to process (see ``s3batch.manifests``)."""
+    plain CSV (``bucket,key[,version_id]``) or JSONL list of the objects to process (see
+    ``s3batch.activities.manifests``)."""
     include: list[str] | None = None
     """Only keys matching one of these globs (whole key, ``*`` also matches ``/``; see ``s3batch.selection``)."""
     exclude: list[str] | None = None

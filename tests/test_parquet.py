@@ -266,3 +266,26 @@ async def test_sigkill_resume_fetches_no_byte_of_the_row_groups_already_committe
     later = sum(s_hi - s_lo for s_lo, s_hi in spans[resume_group:])
     assert later <= fetched <= later + len(data) - spans[-1][1] + 64 * 1024, (fetched, later)
     print(f"resumed at row {committed} (group {resume_group}): fetched {fetched} of {len(data)} bytes")
+
+
+async def test_rejects_name_the_parquet_row_number(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    src, out = buckets
+    n = 30
+    table = pa.table(
+        {
+            "customer_id": pa.array([i + 1 for i in range(n)], pa.int64()),
+            "email": [f"c{i}@example.com" if i not in (4, 17) else "not an email" for i in range(n)],
+            "name": [f"Customer {i}" for i in range(n)],
+            "country": ["FR"] * n,
+            "amount": pa.array([decimal.Decimal(f"{i}.25") for i in range(n)], pa.decimal128(10, 2)),
+            "created_at": pa.array([datetime.datetime(2026, 12, 1, 8, i) for i in range(n)], pa.timestamp("ms")),
+        }
+    )
+    s3.put_object(Bucket=src, Key="c.parquet", Body=_parquet(table, 8))
+    spec = _job(src, out, handler="customers", chunk_records=7)
+    assert (await execute(client, task_queue, spec, "pq-rejects")).status == "succeeded"
+    rejects = read_jsonl(s3, out, "o/c.parquet/", kind="rejects")
+    assert [r["line"] for r in rejects] == [5, 18]  # rows 5 and 18 (1-based) of the file
+    assert len(read_jsonl(s3, out, "o/c.parquet/")) == n - 2
