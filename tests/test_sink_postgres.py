@@ -15,12 +15,18 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
+from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.config import Settings
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
+from s3batch.errors import SinkError
+from s3batch.jsonvalues import encode_json
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
+from s3batch.sinks.postgres import PostgresOutput, PostgresPools
+from s3batch.sinks.spec import PostgresSink
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_invalid_input
 from tests.helpers.data import make_csv
@@ -268,3 +274,63 @@ async def test_json_values_map_to_columns_exactly(
         (1, "123456789012345678901234567890.000000001", '{"a": [1, 2]}', '["x"]', True, None),
         (2, "0.1", None, "[]", False, "n"),
     ]
+
+
+def test_a_second_attempt_of_a_file_cannot_commit_a_chunk_twice(
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer, table: str
+) -> None:
+    """A zombie: two attempts of the same file (a worker presumed dead still running) both at chunk 0."""
+    src, out = buckets
+    pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}))
+    spec = PostgresSink(type="postgres", connection="test", table=table)
+
+    def attempt(etag: str = "e1") -> PostgresOutput:
+        folder = FileOutput(
+            s3, bucket=out, output_prefix="o/", key="in/a.csv", etag=etag, fingerprint="f", secret=None,
+            put_params={}, log_extra={},
+        )
+        return PostgresOutput(spec, folder, pools, job_id="j", bucket=src, where=f"s3://{src}/in/a.csv")
+
+    try:
+        first, zombie = attempt(), attempt()
+        start = Checkpoint(etag="e1", fingerprint="f")
+        assert first.resume_point(None, start, fresh=False) == start
+        new = start.model_copy(update={"chunk": 1, "next_record": 2, "records_written": 2, "line": 4})
+        rows = [encode_json({"id": i, "name": "n"}) for i in range(2)]
+        assert first.commit(start, new, list(rows), [], [2, 3]) == new
+        with pytest.raises(SinkError, match="another attempt committed it"):
+            zombie.commit(start, new, list(rows), [], [2, 3])
+        assert _ids(pg, table) == [0, 1]
+        assert zombie.resume_point(None, start, fresh=False) == new  # it resumes from the database's checkpoint
+        # A changed source (another ETag) starts over at chunk 0 over the old version's checkpoint.
+        changed = attempt("e2")
+        fresh = Checkpoint(etag="e2", fingerprint="f")
+        assert changed.resume_point(None, fresh, fresh=False) == fresh
+        later = [encode_json({"id": i, "name": "v2"}) for i in range(2, 4)]
+        changed.commit(fresh, fresh.model_copy(update={"chunk": 1, "next_record": 2}), later, [], [2, 3])
+        assert _ids(pg, table) == [0, 1, 2, 3]
+    finally:
+        pools.close()
+
+
+async def test_rows_exactly_once_across_a_database_restart_mid_job(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
+    pg_worker: Worker,
+) -> None:
+    src, out = buckets
+    rows = 3_000
+    s3.put_object(Bucket=src, Key="in/r.csv", Body=make_csv(rows))
+    spec = _job(src, out, table, handler="slow_passthrough", heartbeat_timeout_seconds=10)
+    handle = await start(client, task_queue, spec, "pgrestart")
+
+    def progressed() -> bool:
+        cp = _checkpoint(pg, "in/r.csv")
+        return cp is not None and 500 <= cp["next_record"] < rows
+
+    await wait_for(progressed, 60, "rows committed mid-file")
+    pg.restart()  # immediate shutdown: the pool's connections die mid-use
+    result = await handle.result()
+    assert result.status == "succeeded"
+    assert _ids(pg, table) == list(range(rows))
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["records_written"] == rows and entry["attempts"] >= 2, entry
