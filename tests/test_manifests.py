@@ -217,3 +217,24 @@ def test_a_manifest_naming_two_buckets_is_refused_naming_the_row(s3: Any, bucket
     with pytest.raises(Exception, match="names objects of two buckets") as err:
         list_manifest_page(s3, req)
     assert "row 2" in str(err.value)
+
+
+async def test_a_manifest_over_three_pages_and_runs_processes_each_named_key_once(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    src, out = buckets
+    n = 1_100  # pages of 500, 500 and 100 rows; runs of 500 files (continue-as-new)
+    keys = [f"many/{i:05d}.jsonl" for i in range(n)]
+    put_files(s3, src, {k: b'{"i": %d}\n' % i for i, k in enumerate(keys) if i % 400 != 7})  # 3 never uploaded
+    lines = [json.dumps({"bucket": src, "key": k}) for k in keys]
+    s3.put_object(Bucket=out, Key="lists/many.jsonl", Body=("\n".join(lines) + "\n").encode())
+    spec = S3BatchInput(manifest=f"s3://{out}/lists/many.jsonl", output_bucket=out, output_prefix="o/",
+                        max_failed_files=3)
+    result = await execute(client, task_queue, spec, "manifest-pages")
+    assert result.status == "succeeded"
+    t = result.totals
+    assert (t.files_listed, t.files_succeeded, t.files_failed) == (n, n - 3, 3)
+    rep = report(s3, out)
+    assert sorted(f["key"] for f in rep["files"]) == keys  # each named key exactly once
+    assert sorted(f["key"] for f in rep["files"] if f["status"] == "failed") == [keys[7], keys[407], keys[807]]
+    assert t.records_written == n - 3
