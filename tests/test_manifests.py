@@ -19,8 +19,9 @@ from s3batch.activities.manifests import list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from s3batch.models import ListObjectsInput, S3BatchInput
+from s3batch.models import ListObjectsInput, S3BatchInput, S3BatchResult
 from s3batch.selection import KeyFilter
+from tests.helpers import run
 from tests.helpers.data import csv_rows, make_csv, put_files
 from tests.helpers.jobs import execute
 from tests.helpers.output import read_jsonl, report
@@ -238,3 +239,37 @@ async def test_a_manifest_over_three_pages_and_runs_processes_each_named_key_onc
     assert sorted(f["key"] for f in rep["files"]) == keys  # each named key exactly once
     assert sorted(f["key"] for f in rep["files"] if f["status"] == "failed") == [keys[7], keys[407], keys[807]]
     assert t.records_written == n - 3
+
+
+async def test_temporal_cli_starts_manifest_filter_and_parquet_jobs_with_plain_json(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str, stack: Any
+) -> None:
+    """The README's ``temporal workflow start`` examples, as written there (buckets renamed)."""
+    src, out = buckets
+    put_files(s3, src, {"exports/2026/a.csv": make_csv(3), "exports/2026/tmp/b.csv": make_csv(2)})
+    table = pa.table({"id": [1, 2], "at": pa.array([0, 1_000], pa.timestamp("ms", tz="UTC"))})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    s3.put_object(Bucket=src, Key="events/e.parquet", Body=buf.getvalue())
+    s3.put_object(Bucket=out, Key="lists/today.csv", Body=f"{src},exports/2026/a.csv\n".encode())
+    jobs = {
+        "manifest": {"manifest": f"s3://{out}/lists/today.csv", "output_bucket": out, "output_prefix": "m/"},
+        "filters": {"bucket": src, "prefix": "exports/", "include": ["*.csv"], "exclude": ["*/tmp/*"],
+                    "modified_after": "2026-01-01T00:00:00Z", "output_bucket": out, "output_prefix": "f/"},
+        "parquet": {"bucket": src, "prefix": "events/", "output_bucket": out, "output_prefix": "p/"},
+    }
+    for name, job in jobs.items():
+        wid = f"cli-{name}-{task_queue}"
+        r = await run(
+            "temporal", "workflow", "start", "--address", stack.config.temporal_address, "--namespace", "default",
+            "--task-queue", task_queue, "--type", "S3BatchWorkflow", "--workflow-id", wid, "--input", json.dumps(job),
+        )
+        assert r.code == 0, r
+        result = await client.get_workflow_handle(wid, result_type=S3BatchResult).result()
+        assert result.status == "succeeded", (name, result)
+    assert [f["key"] for f in report(s3, out, "m/")["files"]] == ["exports/2026/a.csv"]
+    assert [f["key"] for f in report(s3, out, "f/")["files"]] == ["exports/2026/a.csv"]
+    assert read_jsonl(s3, out, "p/events/e.parquet/") == [
+        {"id": 1, "at": "1970-01-01T00:00:00.000Z"},
+        {"id": 2, "at": "1970-01-01T00:00:01.000Z"},
+    ]
