@@ -9,8 +9,8 @@ tests (what both need lives in :mod:`s3batch.dev`).
   ``has_part``);
 - :mod:`tests.helpers.assertions`: exactly-once output (``output_check``, ``assert_exact``,
   ``assert_exactly_once``) and a refused job (``assert_invalid_input``);
-- :mod:`tests.helpers.jobs`: starting jobs and waiting on their progress (``job``, ``start``,
-  ``execute``, ``progress``, ``until``);
+- :mod:`tests.helpers.jobs`: starting jobs and waiting on their progress (``slow_job``, ``start``,
+  ``execute``, ``progress``, ``until``, ``new_id``);
 - :mod:`tests.helpers.history`: ``history_events``, ``scheduled_activities``;
 - :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
   ``record_reliability`` (rows of docs/RELIABILITY.md);
