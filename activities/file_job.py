@@ -23,7 +23,7 @@ from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
 from s3batch.formats.source import SourceFile, reading_of
-from s3batch.handlers import get_handler
+from s3batch.handlers import ChunkContext, get_handler
 from s3batch.models import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
@@ -318,6 +318,9 @@ class FileJob:
                 # Cancellation is delivered at the end of this block: after the part is written and
                 # checkpointed, never in the middle of a chunk's PUT.
                 with activity.shield_thread_cancel_exception():
+                    self.books.context = ChunkContext(
+                        req.job_id, req.bucket, self.obj.key, self.obj.etag, cp.chunk, self.info.attempt
+                    )
                     output: list[bytes] = []
                     rejects: list[tuple[int, bytes]] = []
                     lines: list[int] = []  # the source line of each output

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from s3batch.checkpoint import Checkpoint
 from s3batch.errors import AccountingError, BadFile, HandlerError
 from s3batch.formats.common import Record
-from s3batch.handlers import ChunkHandler, HandlerResult, Reject
+from s3batch.handlers import ChunkContext, ChunkHandler, HandlerResult, Reject, in_chunk
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import reason_key
 from s3batch.validation import describe_validation_error
@@ -47,6 +47,8 @@ class HandlerRun:
         self._free_form = False
         self.reasons: Counter[str] = Counter()
         """Reasons of the rejects of the chunk being built (see ``s3batch.rejects``; taken at its commit)."""
+        self.context: ChunkContext | None = None
+        """The chunk being built, as the handler sees it (``s3batch.handlers.chunk_context``)."""
 
     def handle(
         self,
@@ -112,7 +114,8 @@ class HandlerRun:
 
         Its outputs and rejects are read here, inside ``handle``'s guard: a lazy iterator that
         raises while it is consumed fails like a handler that raised (its error never quoted)."""
-        result = self.handler(records)
+        with in_chunk(self.context):
+            result = self.handler(records)
         result = HandlerResult(
             list(result.output),
             list(result.rejects),

@@ -17,12 +17,19 @@ fails the attempt (Temporal retries it), so keep it for work that is all-or-noth
 
 Handlers must be deterministic (the same records give the same output): a retried chunk rewrites
 its output under the same key, and identical bytes are what make that rewrite harmless.
+
+A handler with side effects (an API call, a message) gets a stable idempotency key per record and
+per chunk from :func:`chunk_context`: a chunk is handled at least once (again after a crash or a
+retry, from its start), so the side effect must be deduplicated by the key on the other side.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Annotated, Any, NamedTuple
 
@@ -67,6 +74,68 @@ class HandlerResult(NamedTuple):
 
 ChunkHandler = Callable[[Sequence[Record]], HandlerResult]
 """Takes the valid records of a chunk, returns outputs and rejects."""
+
+
+class ChunkContext(NamedTuple):
+    """What a handler may know about the chunk it is handling (:func:`chunk_context`): where it is, and
+    the idempotency keys of its side effects.
+
+    The keys depend only on the job, the source version and the position, never on the attempt or the
+    worker: a chunk handled again after a crash (or a retry) gives every record the same key, so the
+    system a handler calls can drop the repeats (e.g. an ``Idempotency-Key`` HTTP header). A redrive is
+    another job: its keys differ.
+    """
+
+    job_id: str
+    """The job's workflow ID."""
+    bucket: str
+    key: str
+    """The source object."""
+    etag: str
+    """The source version's ETag (pinned for the whole job)."""
+    chunk: int
+    """Index of the chunk in the file (the same chunk boundaries on every attempt)."""
+    attempt: int
+    """The activity attempt handling it (1 on the first); a chunk seen again has a higher one."""
+
+    def _digest(self, *parts: object) -> str:
+        where = ("s3batch-idempotency-v1", self.job_id, self.bucket, self.key, self.etag)
+        text = "\0".join(str(p) for p in (*where, *parts))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def record_key(self, line: int) -> str:
+        """The idempotency key of the record at ``line`` (``Record.line``): 32 hex digits."""
+        return self._digest("line", line)
+
+    @property
+    def chunk_key(self) -> str:
+        """The idempotency key of the whole chunk (one call for the chunk): 32 hex digits."""
+        return self._digest("chunk", self.chunk)
+
+
+_CONTEXT: contextvars.ContextVar[ChunkContext | None] = contextvars.ContextVar("s3batch_chunk_context", default=None)
+
+
+@contextlib.contextmanager
+def in_chunk(context: ChunkContext | None) -> Iterator[None]:
+    """Run a handler with ``context`` as its :func:`chunk_context` (s3batch's chunk loop does)."""
+    token = _CONTEXT.set(context)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def chunk_context() -> ChunkContext:
+    """The context of the chunk the calling handler is handling.
+
+    Raises:
+        RuntimeError: Called outside a handler run by s3batch.
+    """
+    context = _CONTEXT.get()
+    if context is None:
+        raise RuntimeError("chunk_context() is only available inside a handler while s3batch runs it")
+    return context
 
 _REGISTRY: dict[str, ChunkHandler] = {}
 
