@@ -137,6 +137,12 @@ def test_nanoseconds_and_edge_values_keep_every_digit() -> None:
     assert json_values(pa.array([-1_500], pa.duration("ms")), "c", "w") == ["-PT1.500S"]
     assert json_values(pa.array([3_723_000_000_001], pa.time64("ns")), "c", "w") == ["01:02:03.000000001"]
     assert json_values(pa.array([float("inf"), -float("inf")]), "c", "w") == ["Infinity", "-Infinity"]
+    # 32-bit times, half floats, views, fixed-size lists sliced.
+    assert json_values(pa.array([1_000, None], pa.time32("ms")), "c", "w") == ["00:00:01.000", None]
+    assert json_values(pa.array([1.5], pa.float32()).cast(pa.float16()), "c", "w") == [1.5]
+    assert json_values(pa.array(["v"], pa.string_view()), "c", "w") == ["v"]
+    assert json_values(pa.array([b"v"], pa.binary_view()), "c", "w") == ["dg=="]
+    assert json_values(pa.array([[1, 2], [3, 4]], pa.list_(pa.int8(), 2)).slice(1), "c", "w") == [[3, 4]]
     assert resolve_format("x/y.parquet", "auto") == ("parquet", None)
 
 

@@ -260,7 +260,7 @@ def json_values(array: pa.Array, column: str, where: str) -> list[Any]:
     leaf = _leaf(t, column, where)
     if leaf is None:
         return array.to_pylist()
-    source = array.cast(pa.int64()) if _by_count(t) else array
+    source = array.cast(pa.int32() if t.bit_width == 32 else pa.int64()) if _by_count(t) else array
     return [leaf(v) if v is not None else None for v in source.to_pylist()]
 
 
@@ -278,11 +278,13 @@ def _leaf(t: pa.DataType, column: str, where: str) -> Any:
         or pa.types.is_decimal(t)
         or pa.types.is_string(t)
         or pa.types.is_large_string(t)
+        or pa.types.is_string_view(t)
     ):
         return None
     if pa.types.is_floating(t):
         return _float
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary, pa.types.is_binary_view)
+    if any(is_binary(t) for is_binary in binary):
         return lambda v: base64.b64encode(v).decode("ascii")
     if pa.types.is_date(t):
         return lambda v: v.isoformat()
