@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 import uuid
 from asyncio.subprocess import DEVNULL, PIPE, STDOUT
@@ -20,9 +23,11 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-import tests.fault_handlers  # registers explode_on_marker for the in-process worker
-import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
+import tests.fault_handlers  # registers explode_until_fixed for the in-process worker
+import tests.slow_handlers  # registers slow_passthrough for the in-process worker
+from s3batch import client as api
 from s3batch import layout
+from s3batch.dev.stack import StackConfig
 from tests.helpers import BIN, Run, wait_for
 from tests.helpers.data import make_csv
 from tests.helpers.jobs import SLOW_HEARTBEAT_TIMEOUT, new_id, slow_job, start, until
@@ -57,16 +62,16 @@ async def test_cancelled_files_report_what_they_committed(
 
 
 async def test_a_file_cancelled_between_attempts_reports_its_committed_parts(
-    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ):
     """Point 3: a cancel that finds a file waiting for its next attempt (the server cancels it without
     running it, so the workflow learns nothing from it) still reports the parts that file committed:
-    the report reads them back, so it is true and a redrive resumes from there."""
+    the report reads them back, so it is true, and a redrive resumes from there."""
     src, out = buckets
     key = "in/boom.csv"
-    body = make_csv(1_000).replace(b'550,"name, 550"', b'550,"BOOM"')  # chunk 5 fails on every attempt
+    body = make_csv(1_000).replace(b'550,"name, 550"', b'550,"BOOM"')  # chunk 5 fails until the handler is fixed
     s3.put_object(Bucket=src, Key=key, Body=body)
-    spec = slow_job(src, out, handler="explode_on_marker", max_attempts=10)
+    spec = slow_job(src, out, handler="explode_until_fixed", max_attempts=10)
     handle = await start(client, task_queue, spec, "cancel-backoff")
 
     async def retrying() -> bool:
@@ -83,6 +88,12 @@ async def test_a_file_cancelled_between_attempts_reports_its_committed_parts(
     (f,) = rep["files"]
     assert (f["status"], f["chunks"], f["records"], f["records_written"]) == ("cancelled", 5, 500, 500), f
     assert (rep["totals"]["records"], rep["totals"]["records_written"]) == (500, 500), rep["totals"]
+
+    monkeypatch.setattr(tests.fault_handlers, "BOOM_FIXED", True)  # the in-process worker's handler, fixed
+    redrive = await s3batch("redrive", handle.id, "--wait", timeout=120)
+    assert redrive.code == 0, redrive
+    (again,) = report(s3, out)["files"]
+    assert (again["status"], again["resumed_from_record"], again["records"]) == ("succeeded", 500, 1_000), again
 
 
 async def s3batch(*argv: str, timeout: float = 60, columns: int = 200, **env: str | None) -> Run:
@@ -350,3 +361,37 @@ async def test_the_python_example_runs_as_a_script(s3: Any, buckets: tuple[str, 
         f"report: s3://{out}/runs/python/_report.json",
     ], stdout
     assert report(s3, out, "runs/python/")["totals"]["records_written"] == 25
+
+
+async def test_the_local_stack_gets_workers_in_the_background_and_in_the_foreground(tmp_path: Path):
+    """Point 1: ``s3batch-stack up --workers 1`` (ports from flags) starts a worker that ``status`` lists
+    and ``down`` stops; ``s3batch-stack worker`` (``make worker``) runs one in the foreground on the
+    stack; both poll the stack's task queue."""
+    config = StackConfig.random_ports(tmp_path / "stack")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "AWS_", "S3BATCH_"))}
+    stack = [str(BIN / "s3batch-stack")]
+    root = ["--root", str(config.root)]
+    ports = ["--temporal-port", str(config.temporal_port), "--ui-port", str(config.ui_port),
+             "--s3-port", str(config.s3_port), "--weed-base-port", str(config.weed_base)]  # fmt: skip
+    foreground = None
+    try:
+        up = subprocess.run([*stack, "up", *root, *ports, "--workers", "1"], env=env, capture_output=True, text=True,
+                            timeout=120, check=False)  # fmt: skip
+        assert up.returncode == 0 and "workers          1 running" in up.stdout, up
+        status = subprocess.run([*stack, "status", *root], env=env, capture_output=True, text=True, check=True)
+        assert re.search(r"worker-1: pid \d+ running", status.stdout), status.stdout
+        foreground = subprocess.Popen([*stack, "worker", *root], env=env, stdout=PIPE, stderr=STDOUT, stdin=DEVNULL)
+        temporal = await Client.connect(config.temporal_address)
+
+        async def both_poll() -> bool:
+            return await api.workers_polling(temporal, "s3-batch") == 2
+
+        await wait_for(both_poll, 60, "the background and the foreground worker polling s3-batch", interval=0.5)
+        foreground.send_signal(signal.SIGINT)  # Ctrl-C
+        assert foreground.wait(60) == 0
+    finally:
+        if foreground is not None and foreground.poll() is None:
+            foreground.kill()
+            foreground.wait()
+        down = subprocess.run([*stack, "down", *root], env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0 and "stopped worker-1" in down.stdout and "stopped temporal" in down.stdout, down
