@@ -22,6 +22,7 @@ from s3batch.errors import OutputKeyTooLong, WorkerShutdown
 from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
+from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
 from s3batch.models import FileResult, ProcessFileInput
@@ -144,7 +145,10 @@ class FileJob:
         """The file's sink (by default its S3 output folder), for this source version and these options."""
         req = self.req
         shape = fingerprint(
-            fmt=self.fmt,
+            # Before the JSON reader, a .json file under format auto was read as JSON Lines; the JSON
+            # reader reads JSON Lines content the same, so their committed parts keep their fingerprint
+            # (what differs, a one-line array once read as one record, is one chunk: never resumed).
+            fmt="jsonl" if self.fmt == "json" and req.format == "auto" else self.fmt,
             compression=self.compression,
             handler=req.handler,
             chunk_records=req.chunk_records,
@@ -294,13 +298,14 @@ class FileJob:
     # ---------------------------------------------------------------- the chunk loop
 
     def _process_from(self, cp: Checkpoint) -> Checkpoint:
-        if not self.gz:
-            return self._chunks_from(cp)
         try:
             return self._chunks_from(cp)
         except CorruptCompressed as err:
             committed = self.checkpoint.next_record if self.checkpoint else 0
             raise self.source.bad_compressed(err, committed) from None
+        except BadDocument as err:  # found while reading a JSON document, after its first records
+            committed = self.checkpoint.next_record if self.checkpoint else 0
+            raise self.source.bad_document(err, committed) from None
 
     def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
         self.source.version_id = cp.version_id

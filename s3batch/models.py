@@ -38,7 +38,7 @@ from s3batch.validation import INPUT_ERROR
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
 """An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
 
-Format = Literal["auto", "csv", "jsonl", "parquet"]
+Format = Literal["auto", "csv", "jsonl", "json", "parquet"]
 
 FileStatus = Literal["succeeded", "failed", "cancelled", "not_started"]
 """``cancelled``: the job was cancelled while the file was in flight; it stopped at a chunk boundary
@@ -117,8 +117,10 @@ class S3BatchInput(BaseModel):
     output_prefix: str = ""
     """Prefix of every output key: ``{output_prefix}{key}/part-00000.jsonl``."""
     format: Format = "auto"
-    """``csv`` (RFC 4180 with a header row), ``jsonl``, ``parquet``, or ``auto`` to pick by extension
-    (``.csv``, ``.jsonl``/``.ndjson``/``.json``, each optionally ``.gz``; ``.parquet``)."""
+    """``csv`` (RFC 4180; the dialect, header and encoding options below), ``jsonl``, ``json`` (a
+    document: an array of records, one object, or JSON Lines), ``parquet``, or ``auto`` to pick by
+    extension (``.csv``/``.tsv``, ``.jsonl``/``.ndjson``, ``.json``, each optionally ``.gz``, ``.zst`` or
+    ``.bz2``; ``.parquet``)."""
     delimiter: str | None = None
     """CSV field delimiter, any one character (``,`` ``;`` ``\\t`` ``|``...); None: ``,``, or a tab for
     ``.tsv`` keys (see ``s3batch.reading``)."""

@@ -22,7 +22,7 @@ from s3batch.models import S3BatchInput
 from s3batch.reading import Reading
 from tests.helpers.data import csv_rows, make_csv, put_files
 from tests.helpers.jobs import execute
-from tests.helpers.output import read_jsonl, report
+from tests.helpers.output import committed_parts, read_jsonl, report
 
 
 def zst(data: bytes) -> bytes:
@@ -214,3 +214,71 @@ def test_the_reading_options_are_in_the_fingerprint_and_the_defaults_keep_it() -
     assert Reading.of("a.csv", {"encoding": "Latin-1"}) == Reading.of("a.csv", {"encoding": "iso8859_1"})
     assert Reading.of("a.TSV.gz", {}).delimiter == "\t"
     assert fingerprint(compression="zstd", **base) != fingerprint(compression=None, **base)
+
+
+# ----------------------------------------------------------------------------------- JSON documents
+
+
+def json_records(n: int) -> list[Any]:
+    return [
+        {"n": i, "big": 123456789012345678901234567890 + i, "x": 0.1, "nested": {"l": [i, "a]b", None], "s": '"{'}}
+        for i in range(n)
+    ]
+
+
+async def test_json_documents_through_a_job_equal_json(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    records = json_records(700)
+    pretty = json.dumps(records, indent=2).encode()
+    files = {
+        "in/pretty.json": pretty,
+        "in/minified.json": json.dumps(records, separators=(",", ":")).encode(),
+        "in/one.json": json.dumps({"only": records[3]}).encode(),
+        "in/packed.json.gz": gzip.compress(pretty),
+        "in/lines.json": b"".join(json.dumps(r).encode() + b"\n" for r in records),  # JSON Lines named .json
+    }
+    put_files(s3, src, files)
+    result = await execute(client, worker.task_queue, job(src, out), "json-docs")
+    assert result.status == "succeeded"
+    for key in ("in/pretty.json", "in/minified.json", "in/packed.json.gz", "in/lines.json"):
+        assert read_jsonl(s3, out, f"o/{key}/") == json.loads(files["in/pretty.json"]), key
+        entry = file_entry(s3, out, key)
+        assert (entry["records"], entry["rejected"], entry["chunks"]) == (700, 0, 3), key
+    assert read_jsonl(s3, out, "o/in/one.json/") == [{"only": records[3]}]
+    # Exact numbers: the big integers are written with all their digits.
+    body = s3.get_object(Bucket=out, Key="o/in/pretty.json/part-00000.jsonl")["Body"].read()
+    assert b"123456789012345678901234567890" in body
+
+
+async def test_json_documents_that_are_not_arrays_of_records_fail_naming_the_file(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    good = json.dumps(json_records(400), indent=1)
+    files = {
+        "in/scalar.json": b'"just a string with secret"',
+        "in/number.json": b"42",
+        "in/no-comma.json": (good[:-2] + ' {"secret": 1}\n]').encode(),  # broken after 400 records
+        "in/truncated.json": good[: len(good) // 2].encode(),
+        "in/bad-record.json": b'[{"a": 1}, {"a": tru}, {"a": 3}]',  # one record invalid, its extent clear
+    }
+    put_files(s3, src, files)
+    result = await execute(client, worker.task_queue, job(src, out, max_failed_files=10), "bad-json")
+    assert result.status == "succeeded"
+    for key, what in {
+        "in/scalar.json": "it holds a single JSON string (line 1), not an array of records or an object",
+        "in/number.json": "it holds a single JSON number",
+        "in/no-comma.json": "expected ',' or ']' after the record that starts on line",
+        "in/truncated.json": "it ends inside the record that starts on line",
+    }.items():
+        entry = file_entry(s3, out, key)
+        assert entry["status"] == "failed" and entry["attempts"] == 1, (key, entry)
+        assert entry["error"].startswith(f"BadFile: s3://{src}/{key}: {what}"), entry["error"]
+        assert "secret" not in entry["error"]
+    # Found after 300 records were committed: their parts are kept, the failure says so.
+    assert "(300 records committed before)" in file_entry(s3, out, "in/no-comma.json")["error"]
+    assert [cp.next_record for cp in committed_parts(s3, out, "o/in/no-comma.json/")] == [300]
+    bad = file_entry(s3, out, "in/bad-record.json")
+    assert (bad["status"], bad["records_written"], bad["rejected"]) == ("succeeded", 2, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser, generated_names, read_csv_header
+from s3batch.formats.json import JsonDocumentParser, looks_like_json_lines
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import Reading
 from tests.helpers.records import walk
@@ -226,3 +228,64 @@ def test_an_escaped_line_break_continues_a_long_record_in_the_scan() -> None:
         limited = kinds(list(CsvParser(io.BytesIO(data), reading=reading, max_line_bytes=12)))
         assert limited[-1] == full[-1] == (full[-1][0], {"a": "2", "b": "3"}, True), data
         assert len(limited) == len(full), data
+
+
+# ----------------------------------------------------------------------------------- JSON documents
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from(list('ab"\\\n ]}[{,é😀')), max_size=6),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["k", "l]", 'q"', "{"]), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def json_documents(draw: Any) -> tuple[bytes, list[Any]]:
+    records = draw(st.lists(json_values, max_size=12))
+    indent = draw(st.sampled_from([None, 0, 2, "\t"]))
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " : ")]))
+    text = json.dumps(records, indent=indent, separators=separators, ensure_ascii=draw(st.booleans()))
+    prefix = draw(st.sampled_from(["", "\n", "  \r\n", "\ufeff"]))
+    return (prefix + text + draw(st.sampled_from(["", "\n", " \n\n"]))).encode(), records
+
+
+@bounded(400)
+@given(doc=json_documents(), sizes=st.one_of(st.none(), st.lists(st.integers(1, 9), min_size=1, max_size=3)))
+def test_a_json_array_reads_as_json_does_and_resumes_at_every_record(
+    doc: tuple[bytes, list[Any]], sizes: list[int] | None
+) -> None:
+    data, expected = doc
+    parser = JsonDocumentParser(stream(data, sizes))
+    records, bounds = walk(parser)
+    if looks_like_json_lines(data):  # a pretty-printed array never is; a one-element array of lines may be
+        return
+    assert [r.value for r in records] == expected
+    assert all(r.error is None for r in records)
+    for i, (offset, line) in enumerate(bounds):
+        assert data[:offset].count(b"\n") + 1 == line
+        resumed = JsonDocumentParser(stream(data[offset:], sizes), offset=offset, line=line, head=data)
+        rest, rest_bounds = walk(resumed)
+        assert rest == records[i + 1 :], f"resumed after record {i} at byte {offset}"
+        assert rest_bounds == bounds[i + 1 :]
+
+
+@bounded(200)
+@given(doc=json_documents(), limit=st.integers(2, 30))
+def test_json_records_over_the_limit_are_rejects_and_the_rest_is_exact(
+    doc: tuple[bytes, list[Any]], limit: int
+) -> None:
+    data, expected = doc
+    if looks_like_json_lines(data):
+        return
+    records, _ = walk(JsonDocumentParser(io.BytesIO(data), max_line_bytes=limit))
+    assert len(records) == len(expected)
+    for record, value in zip(records, expected, strict=True):
+        if record.error is not None:
+            assert "longer than max_record_bytes" in record.error
+        else:
+            assert record.value == value

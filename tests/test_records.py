@@ -821,8 +821,9 @@ def test_resume_at_end_with_trailing_blank_lines_yields_nothing() -> None:
         ("b.jsonl", "auto", ("jsonl", None)),
         ("b.ndjson.GZ", "auto", ("jsonl", "gzip")),
         ("b.jsonl.bz2", "auto", ("jsonl", "bzip2")),
-        ("b.json", "auto", ("jsonl", None)),
-        ("b.json.gz", "auto", ("jsonl", "gzip")),
+        ("b.json", "auto", ("json", None)),
+        ("b.json.gz", "auto", ("json", "gzip")),
+        ("b.txt", "json", ("json", None)),
         ("b.txt", "csv", ("csv", None)),
         ("b.txt.gz", "jsonl", ("jsonl", "gzip")),
         ("b.txt.zst", "jsonl", ("jsonl", "zstd")),
@@ -840,7 +841,7 @@ def test_resolve_format_unknown_extension_says_what_to_do(key: str) -> None:
     message = str(info.value)
     assert repr(key) in message
     assert ".csv, .tsv, .jsonl, .ndjson or .json, optionally .gz, .zst or .bz2" in message
-    assert "set format to 'csv' or 'jsonl'" in message
+    assert "set format to 'csv', 'jsonl' or 'json'" in message
     assert isinstance(info.value, ValueError)
 
 

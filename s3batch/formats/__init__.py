@@ -13,13 +13,14 @@ from s3batch.errors import UnknownFormatError
 from s3batch.formats.common import ParsedFormat
 from s3batch.formats.compression import Compression, split_suffix
 from s3batch.formats.csv import CsvParser
+from s3batch.formats.json import JsonDocumentParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.formats.parquet import ParquetParser
 from s3batch.reading import Reading
 
 # A ``.tsv`` (or ``.tab``) is CSV read with a tab as its default delimiter (s3batch.reading.Reading.of).
 _CSV_EXTENSIONS = (".csv", ".tsv", ".tab")
-_JSONL_EXTENSIONS = (".jsonl", ".ndjson", ".json")
+_JSONL_EXTENSIONS = (".jsonl", ".ndjson")
 _PARQUET_EXTENSIONS = (".parquet", ".pq")
 
 
@@ -29,8 +30,8 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None
     Args:
         key: The object key; a ``.gz``, ``.zst`` or ``.bz2`` suffix names its compression, and the
             extension before it its format (``data.csv.zst``).
-        fmt: ``csv``, ``jsonl``, ``parquet`` or ``auto`` (pick by extension). Parquet compresses
-            inside the file: a ``.parquet.gz`` is refused.
+        fmt: ``csv``, ``jsonl``, ``json`` (a JSON document), ``parquet`` or ``auto`` (pick by
+            extension). Parquet compresses inside the file: a ``.parquet.gz`` is refused.
 
     Raises:
         UnknownFormatError: ``fmt`` is ``auto`` and the extension is not recognised.
@@ -40,6 +41,8 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None
         return "csv", compression
     if fmt == "jsonl":
         return "jsonl", compression
+    if fmt == "json":
+        return "json", compression
     if fmt == "parquet" or (fmt == "auto" and base.endswith(_PARQUET_EXTENSIONS)):
         if compression is not None:
             raise UnknownFormatError(
@@ -48,19 +51,23 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None
             )
         return "parquet", None
     if fmt != "auto":
-        raise UnknownFormatError(f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl', 'parquet' or 'auto'")
+        raise UnknownFormatError(
+            f"unknown format {fmt!r} for {key!r}: expected 'csv', 'jsonl', 'json', 'parquet' or 'auto'"
+        )
     if base.endswith(_CSV_EXTENSIONS):
         return "csv", compression
     if base.endswith(_JSONL_EXTENSIONS):
         return "jsonl", compression
+    if base.endswith(".json"):
+        return "json", compression
     raise UnknownFormatError(
         f"cannot tell the format of {key!r} from its extension (expected .csv, .tsv, .jsonl, .ndjson or "
-        ".json, optionally .gz, .zst or .bz2, or .parquet); set format to 'csv' or 'jsonl' (or 'parquet') "
+        ".json, optionally .gz, .zst or .bz2, or .parquet); set format to 'csv', 'jsonl' or 'json' (or 'parquet') "
         "in the job input"
     )
 
 
-Parser = CsvParser | JsonlParser | ParquetParser
+Parser = CsvParser | JsonlParser | JsonDocumentParser | ParquetParser
 
 
 def make_parser(
@@ -72,6 +79,7 @@ def make_parser(
     header: list[str] | None = None,
     max_line_bytes: int = 8 * 1024 * 1024,
     reading: Reading | None = None,
+    head: bytes | None = None,
 ) -> Parser:
     """Build the parser for ``fmt`` reading ``stream`` from ``offset`` (not Parquet, which is read by
     row group from a seekable file: see :mod:`s3batch.formats.parquet`)."""
@@ -81,4 +89,6 @@ def make_parser(
         return CsvParser(
             stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes, reading=reading or Reading()
         )
+    if fmt == "json":
+        return JsonDocumentParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes, head=head)
     return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)

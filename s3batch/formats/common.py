@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, Any, Literal, NamedTuple
 
-ParsedFormat = Literal["csv", "jsonl", "parquet"]
+ParsedFormat = Literal["csv", "jsonl", "json", "parquet"]
 
 _BOM_BYTES = b"\xef\xbb\xbf"
 

@@ -75,8 +75,8 @@ class JsonlParser:
             if opening is not None:
                 raise ValueError(
                     f"it holds one JSON document spread over several lines (opened on line {opening}), not "
-                    "JSON Lines (one complete JSON value per line); convert it to JSON Lines first (for an "
-                    "array: jq -c '.[]')"
+                    "JSON Lines (one complete JSON value per line); read it with format 'json' (or name it "
+                    ".json with format auto), or convert it to JSON Lines first (for an array: jq -c '.[]')"
                 )
         return self._records()
 

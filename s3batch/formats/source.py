@@ -20,6 +20,7 @@ from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
 from s3batch.formats.compression import Compression, CorruptCompressed, advice, open_decompressed
 from s3batch.formats.csv import DEFAULT_READING, read_csv_header
+from s3batch.formats.json import SNIFF, BadDocument
 from s3batch.formats.parquet import ParquetParser, PinnedFile
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import READ_OPTIONS, Reading
@@ -129,13 +130,24 @@ class SourceFile:
                 return records, parser
             offset = byte_offset or 0
             header = None
+            head = None
             reading = self.reading
+            if self.fmt == "json" and offset > 0:  # JSON Lines or a document: told by the first bytes
+                with self._open(0, window=SNIFF) as first:
+                    head = first.read(SNIFF)
             if self.fmt == "csv" and offset > 0:
                 reading, header = self._csv_head()
             stream = stack.enter_context(self._open(offset))
             self.raw = cast(RangedReader, stream.raw)
             parser = make_parser(
-                self.fmt, stream, offset=offset, line=line, header=header, max_line_bytes=max_bytes, reading=reading
+                self.fmt,
+                stream,
+                offset=offset,
+                line=line,
+                header=header,
+                max_line_bytes=max_bytes,
+                reading=reading,
+                head=head,
             )
             return iter(parser), parser
         except ValueError as err:  # an unreadable CSV header
@@ -167,6 +179,13 @@ class SourceFile:
         self.raw = file
         parser = ParquetParser(file, self.where, next_record)
         return iter(parser), parser
+
+    def bad_document(self, err: BadDocument, committed: int) -> BadFile:
+        """A JSON document whose structure is broken: a bad file, not worth retrying."""
+        return BadFile(
+            f"{self.where}: {err} ({committed} records committed before). Fix the file and upload it again "
+            "(or set format to 'jsonl' if it is JSON Lines); retrying cannot fix it."
+        )
 
     def bad_compressed(self, err: CorruptCompressed, committed: int) -> BadFile:
         """A corrupt or truncated compressed file: a bad file, not worth retrying. Never quotes its bytes.
