@@ -295,3 +295,21 @@ async def test_rejects_name_the_parquet_row_number(
     rejects = read_jsonl(s3, out, "o/c.parquet/", kind="rejects")
     assert [r["line"] for r in rejects] == [5, 18]  # rows 5 and 18 (1-based) of the file
     assert len(read_jsonl(s3, out, "o/c.parquet/")) == n - 2
+
+
+async def test_parquet_overwritten_mid_file_fails_with_source_changed(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
+
+    src, out = buckets
+    table = pa.table({"id": pa.array(range(3_000), pa.int64())})
+    s3.put_object(Bucket=src, Key="p.parquet", Body=_parquet(table, 500))  # 6 row groups, each its own GET
+    spec = _job(src, out, chunk_records=100, handler="slow_passthrough", max_failed_files=1)
+    handle = await start(client, task_queue, spec, "pq-changed")
+    await wait_for(lambda: committed_parts(s3, out, "o/p.parquet/"), 60, "a committed part")
+    s3.put_object(Bucket=src, Key="p.parquet", Body=_parquet(table.slice(0, 10), 5))
+    assert (await handle.result()).status == "succeeded"  # one failed file is allowed
+    entry = report(s3, out)["files"][0]
+    assert entry["status"] == "failed" and entry["attempts"] == 1, entry
+    assert entry["error"].startswith(f"SourceChanged: s3://{src}/p.parquet changed since it was listed"), entry
