@@ -1,4 +1,4 @@
-"""The PostgreSQL sink against a real PostgreSQL server started for this module (``tests.helpers.postgres``):
+"""The PostgreSQL sink against a real PostgreSQL server started for this module (``s3batch.dev.postgres``):
 rows exactly once with the checkpoint in the same transaction (also across SIGKILLs of a real worker),
 upsert re-runs, rows the database refuses as rejects, a missing table or columns, an unknown connection."""
 
@@ -18,6 +18,7 @@ from temporalio.worker import Worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
 from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.config import Settings
+from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.errors import SinkError
@@ -32,7 +33,6 @@ from tests.helpers.assertions import assert_invalid_input
 from tests.helpers.data import make_csv
 from tests.helpers.jobs import execute, new_id, start
 from tests.helpers.output import report
-from tests.helpers.postgres import PostgresServer, server_bindir
 from tests.helpers.workers import worker_process
 
 

@@ -1,7 +1,8 @@
-"""A real PostgreSQL server for the tests: ``initdb`` and ``pg_ctl`` in a temporary folder, on a free
-loopback port, stopped at the end (``PostgresServer``). The server binaries are found at run time
-(``pg_config --bindir``, then the usual Debian/Ubuntu folders); as root they run as the ``postgres``
-user (they refuse root). Without them the tests that need a server are skipped, saying why."""
+"""A throwaway PostgreSQL server for the tests and the benchmark (``PostgresServer``): ``initdb`` and
+``pg_ctl`` in a temporary folder, on a free loopback port, removed at the end. The server binaries are
+found at run time (``pg_config --bindir``, then ``/usr/lib/postgresql/*/bin``, then ``PATH``); as
+root they run as the ``postgres`` user (they refuse root). :func:`server_bindir` is None without them:
+the callers skip, saying why. Dev tooling: nothing of s3batch's runtime imports it."""
 
 from __future__ import annotations
 
@@ -81,5 +82,5 @@ class PostgresServer:
 
     def execute(self, statement: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            cur = conn.execute(statement, params)  # type: ignore[arg-type]  # test statements are literal SQL
+            cur = conn.execute(statement, params)
             return cur.fetchall() if cur.description else []
