@@ -127,7 +127,7 @@ class S3Activities:
                 Key=probe,
                 Body=b"",
                 ContentType="text/plain",
-                Metadata=write_check_metadata(job_id),
+                Metadata=write_check_metadata(job_id, job),
                 **sse_params(self.settings),
             )
         except (ClientError, BotoCoreError) as err:

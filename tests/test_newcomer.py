@@ -285,9 +285,9 @@ async def test_a_prefix_matching_nothing_warns_and_fail_if_empty_fails(
 async def test_a_job_refuses_an_output_prefix_holding_another_jobs_output(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ):
-    """Point 5: a second job writing to the output prefix of another refuses at start, naming that job
-    and the option to pass; its report stays untouched. ``--overwrite-output`` replaces it on purpose,
-    and a redrive of the first job writes there as before."""
+    """Point 5: a second, different job writing to the output prefix of another refuses at start, naming
+    that job and the option to pass; its report stays untouched. ``--overwrite-output`` replaces it on
+    purpose; a rerun of the very same job (same input, new ID) reuses the output as before."""
     src, out = buckets
     s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
     base = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "runs/1/",
@@ -297,14 +297,18 @@ async def test_a_job_refuses_an_output_prefix_holding_another_jobs_output(
     assert first.code == 0, first
     etag = s3.head_object(Bucket=out, Key="runs/1/_report.json")["ETag"]
 
-    second = await s3batch("start", *base)
+    second = await s3batch("start", *base, "--chunk-records", "5")
     assert second.code == 1, second
     said = " ".join(second.stderr.split())
-    assert f"holds the output of job '{first_id}'" in said and "--overwrite-output" in said, said
-    assert "InvalidInput" in said, said
+    assert f"holds the output of job '{first_id}', which had another input" in said, said
+    assert "--overwrite-output" in said and "InvalidInput" in said, said
     assert s3.head_object(Bucket=out, Key="runs/1/_report.json")["ETag"] == etag  # untouched
 
-    again = await s3batch("start", *base, "--overwrite-output", "--id", (third := new_id("third")))
+    rerun = await s3batch("start", *base, "--id", (rerun_id := new_id("rerun")))
+    assert rerun.code == 0, rerun  # the same job again: its committed output is found, nothing replaced
+    assert (rep := report(s3, out, "runs/1/"))["job_id"] == rerun_id and rep["files"][0]["resumed_from_record"] == 10
+
+    again = await s3batch("start", *base, "--chunk-records", "5", "--overwrite-output", "--id", (third := new_id("3")))
     assert again.code == 0, again
     assert report(s3, out, "runs/1/")["job_id"] == third
     # The job that owns the prefix now can be redriven into it (nothing failed: refused for that reason only).
