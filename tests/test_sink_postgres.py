@@ -170,6 +170,10 @@ async def test_missing_table_and_missing_columns_fail_clearly(
     message = await _failure(client, task_queue, _job(src, out, narrow), s3)
     assert f"table public.{narrow} has no column for the fields 'name', 'note'" in message, message
     assert pg.execute(f"SELECT count(*) FROM public.{narrow}") == [(0,)]
+    # The columns added, the same worker sees them at once (its cached columns are looked up again).
+    pg.execute(f"ALTER TABLE public.{narrow} ADD COLUMN name text, ADD COLUMN note text")
+    result = await execute(client, task_queue, _job(src, out, narrow, output_prefix="o3/"))
+    assert result.status == "succeeded" and _ids(pg, narrow) == list(range(10))
 
 
 async def _failure(client: Client, task_queue: str, spec: S3BatchInput, s3: Any) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,10 @@ from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from s3batch.config import Settings
+
+COLUMNS_TTL = 30.0
+"""Seconds a table's columns are reused before they are looked up again (a column added meanwhile is
+then seen; a file whose output names a column the cache lacks looks again at once)."""
 
 CHECKPOINT_TABLE = "s3batch_checkpoints"
 """The table of the files' checkpoints, created in the target table's schema when missing."""
@@ -84,6 +89,27 @@ class PostgresPools:
         self.max_size = max_size
         self._pools: dict[str, ConnectionPool[Any]] = {}
         self._lock = threading.Lock()
+        self._columns: dict[tuple[str, str], tuple[float, list[str]]] = {}
+
+    def columns(self, spec: PostgresSink, *, fresh: bool = False) -> list[str]:
+        """The target table's columns (:func:`table_columns`), looked up at most every
+        :data:`COLUMNS_TTL` seconds per connection and table (a group of small files asks once).
+
+        Raises:
+            SinkInvalid: Unknown connection, missing table or key columns.
+            SinkError: The database cannot be reached.
+        """
+        cache_key = (spec.connection, spec.table)
+        found = self._columns.get(cache_key)
+        if found is not None and not fresh and time.monotonic() - found[0] < COLUMNS_TTL:
+            return found[1]
+        try:
+            with self.pool(spec.connection).connection() as conn:
+                columns = table_columns(conn, spec)
+        except (psycopg.Error, PoolTimeout) as err:
+            raise _database_error(err, "opening", spec) from None
+        self._columns[cache_key] = (time.monotonic(), columns)
+        return columns
 
     def pool(self, name: str) -> ConnectionPool[Any]:
         """The pool of connection ``name``.
@@ -188,12 +214,7 @@ def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
         SinkInvalid: Unknown connection, missing table or key columns.
         SinkError: The database cannot be reached.
     """
-    try:
-        with pools.pool(spec.connection).connection() as conn:
-            table_columns(conn, spec)
-            conn.commit()
-    except (psycopg.Error, PoolTimeout) as err:
-        raise _database_error(err, "checking", spec) from None
+    pools.columns(spec)
 
 
 class _JsonText(Dumper):
@@ -233,14 +254,11 @@ class PostgresOutput:
         self.where = where
         self.target = f"{spec.schema_name}.{spec.table_name}"
         self.pool = pools.pool(spec.connection)
+        self._pools = pools
+        self.columns = pools.columns(spec)
         self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
         self._checkpoints = _checkpoint_table(spec)
         self._row_key = (self.target, bucket, output.key)
-        try:
-            with self.pool.connection() as conn:
-                self.columns = table_columns(conn, spec)
-        except (psycopg.Error, PoolTimeout) as err:
-            raise _database_error(err, "opening", spec) from None
 
     def is_ours(self, cp: Checkpoint) -> bool:
         return self.output.is_ours(cp)
@@ -295,6 +313,9 @@ class PostgresOutput:
         """The columns the chunk's outputs name (in the table's order); each must exist."""
         named = field_names(values, self.where, f"a PostgreSQL sink (table {self.target})")
         missing = [name for name in named if name not in self.columns]
+        if missing:
+            self.columns = self._pools.columns(self.spec, fresh=True)  # added since it was looked up?
+            missing = [name for name in named if name not in self.columns]
         if missing:
             shown = ", ".join(repr(m[:63]) for m in missing[:20])
             raise SinkInvalid(
