@@ -119,8 +119,9 @@ class FileJob:
         self.gz = self.compression is not None
         """Compressed (gzip, zstd or bzip2): read from the start, no byte offsets."""
         self.limits = FileLimits(**req.model_dump(include={"max_rejected_records", "max_rejected_ratio"}))
-        self.probe = DelimiterProbe(self.fmt == "csv")
         self.reading = reading_of(req, self.fmt, self.where)
+        # Its hint says the file was read as ','-separated: only then can it be right.
+        self.probe = DelimiterProbe(self.fmt == "csv" and self.reading.delimiter == ",")
         self.source = SourceFile(
             s3,
             bucket=req.bucket,

@@ -20,8 +20,9 @@ from temporalio.worker import Worker
 from s3batch.checkpoint import fingerprint
 from s3batch.models import S3BatchInput
 from s3batch.reading import Reading
+from tests.helpers.assertions import assert_invalid_input
 from tests.helpers.data import csv_rows, make_csv, put_files
-from tests.helpers.jobs import execute
+from tests.helpers.jobs import execute, new_id
 from tests.helpers.output import committed_parts, read_jsonl, report
 
 
@@ -282,3 +283,46 @@ async def test_json_documents_that_are_not_arrays_of_records_fail_naming_the_fil
     assert [cp.next_record for cp in committed_parts(s3, out, "o/in/no-comma.json/")] == [300]
     bad = file_entry(s3, out, "in/bad-record.json")
     assert (bad["status"], bad["records_written"], bad["rejected"]) == ("succeeded", 2, 1)
+
+
+async def test_the_delimiter_hint_is_not_given_for_a_file_read_with_the_delimiter_set(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str]
+) -> None:
+    # The hint ("looks ';'-separated, read as ','-separated") is about files read with ','.
+    src, out = buckets
+    semicolons = b"id;name\n" + b"".join(b"%d;n%d\n" % (i, i) for i in range(50))
+    put_files(s3, src, {"in/a.csv": semicolons, "in/b.tsv": semicolons})
+    result = await execute(client, worker.task_queue, job(src, out), "hint")
+    assert result.status == "succeeded"
+    assert file_entry(s3, out, "in/a.csv").get("warnings"), "read as ',': the hint is given"
+    assert not file_entry(s3, out, "in/b.tsv").get("warnings"), "read as tab-separated: no ',' hint"
+
+
+BAD_READING = [
+    ({"delimiter": ";;"}, ["delimiter: must be exactly one character"]),
+    ({"delimiter": "\n"}, ["delimiter: must be exactly one character, not a line break"]),
+    ({"delimiter": ";", "quotechar": ";"}, ["delimiter and quotechar: must be different characters"]),
+    ({"encoding": "klingon"}, ["encoding: unknown encoding 'klingon'"]),
+    ({"encoding": "utf-32"}, ["encoding: 'utf-32' (UTF-32) is not read by s3batch"]),
+    ({"encoding": "cp500"}, ["encoding: 'cp500' does not write ASCII characters and line ends as ASCII bytes"]),
+    ({"encoding": "iso2022_jp"}, ["encoding: 'iso2022_jp' is a stateful encoding"]),
+    ({"header": "top"}, ["header"]),
+    ({"header": ["a", "a"]}, ["header: names 1 and 2 are the same"]),
+    ({"encoding": "latin-1", "delimiter": "€"}, ["delimiter: '€' cannot be written in the encoding"]),
+    ({"format": "xml"}, ["format:"]),
+]
+
+
+async def test_bad_reading_options_fail_the_job_at_start_naming_the_field(
+    client: Client, worker: Worker, buckets: tuple[str, str]
+) -> None:
+    src, out = buckets
+    ids = []
+    for options, _ in BAD_READING:
+        raw = {"bucket": src, "output_bucket": out, **options}  # JSON, as `temporal workflow start` sends it
+        handle = await client.start_workflow(
+            "S3BatchWorkflow", raw, id=new_id("bad-reading"), task_queue=worker.task_queue
+        )
+        ids.append(handle.id)
+    for workflow_id, (_, fields) in zip(ids, BAD_READING, strict=True):
+        await assert_invalid_input(client, workflow_id, fields)
