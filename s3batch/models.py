@@ -8,6 +8,7 @@ counters.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +37,7 @@ from s3batch.sinks.spec import Sink
 from s3batch.validation import INPUT_ERROR
 
 BucketName = Annotated[str, StringConstraints(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.\-]*[a-z0-9]$")]
+_BUCKET_PATTERN = re.compile(r"[a-z0-9][a-z0-9.\-]*[a-z0-9]")
 """An S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens."""
 
 Format = Literal["auto", "csv", "jsonl", "json", "parquet"]
@@ -96,8 +98,8 @@ class S3BatchInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
 
-    bucket: BucketName = ""
-    """Source bucket (required unless ``manifest`` names the objects)."""
+    bucket: str
+    """Source bucket (unless ``manifest`` names the objects: then it is left out, and is "")."""
     prefix: str = ""
     """Only objects whose key starts with this prefix are processed ("" = the whole bucket)."""
     manifest: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
@@ -201,10 +203,28 @@ class S3BatchInput(BaseModel):
                 ) from None
         return value
 
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_name(cls, value: str) -> str:
+        # BucketName's constraints, and "" (a manifest job's, checked by _one_source).
+        if value and not (3 <= len(value) <= 63 and _BUCKET_PATTERN.fullmatch(value)):
+            raise PydanticCustomError(
+                INPUT_ERROR, "must be an S3 bucket name: 3-63 lower-case letters, digits, dots and hyphens"
+            )
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bucket_with_manifest(cls, data: Any) -> Any:
+        # A manifest names the objects (and their bucket): bucket is then not required, and is "".
+        if isinstance(data, dict) and data.get("manifest") is not None and "bucket" not in data:
+            return {**data, "bucket": ""}
+        return data
+
     @model_validator(mode="after")
     def _one_source(self) -> S3BatchInput:
         if self.manifest is None and not self.bucket:
-            raise PydanticCustomError(INPUT_ERROR, "give bucket (and prefix), or manifest: the objects to process")
+            raise PydanticCustomError(INPUT_ERROR, "bucket is required (or manifest instead of bucket and prefix)")
         if self.manifest is not None and (self.bucket or self.prefix or self.only_failed_of):
             raise PydanticCustomError(
                 INPUT_ERROR,

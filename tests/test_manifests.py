@@ -90,8 +90,10 @@ def test_filter_options_are_validated_naming_the_field() -> None:
         S3BatchInput(bucket="src", output_bucket="out", modified_after="2026-12-01", modified_before="2026-11-01")
     with pytest.raises(ValidationError, match="include"):
         S3BatchInput(bucket="src", output_bucket="out", include="*.csv")  # a list, not a string
-    with pytest.raises(ValidationError, match="give bucket"):
+    with pytest.raises(ValidationError, match="bucket\n  Field required"):
         S3BatchInput(output_bucket="out")
+    with pytest.raises(ValidationError, match="bucket is required"):
+        S3BatchInput(bucket="", output_bucket="out")
     with pytest.raises(ValidationError, match="either manifest or bucket"):
         S3BatchInput(bucket="src", manifest="s3://m/list.csv", output_bucket="out")
     # A job without the new options is written as before (no new keys).
