@@ -279,35 +279,45 @@ def _when(moment: datetime.datetime | None, *, wide: bool = True) -> str:
     return text if wide else text[5:16]
 
 
+def _status_of(job: api.JobSummary, *, wide: bool) -> str:
+    running = job.status == "running" and job.search_status
+    return (f"running ({job.search_status})" if wide else str(job.search_status)) if running else job.status
+
+
 def print_jobs(jobs: Sequence[api.JobSummary]) -> None:
-    """The ``list`` table: every column from 100 columns on; at 80, the job ID whole and the rest
-    shortened (no task queue, short times, the status word alone)."""
+    """The ``list`` table: every column from 100 columns on; narrower, the job ID whole and the rest
+    shortened (no task queue or end time, short start times, the status word alone; no start time
+    when the IDs are long)."""
     if not jobs:
         out.print("no s3batch jobs")
         return
     wide = out.width >= WIDE
+    id_width = max(len(job.workflow_id) for job in jobs)
+    status_width = max(len(_status_of(job, wide=wide)) for job in jobs)
+    # job ID, status, done, failed and their gaps; the source gets what is left (at least 12).
+    started = wide or out.width - (id_width + status_width + 4 + 6 + 5) >= 12 + 12
     table = Table(box=None, padding=(0, 1), pad_edge=False)
     # The ID is what every other command takes: never folded or squeezed out.
-    table.add_column("job ID", no_wrap=True, min_width=max(len(job.workflow_id) for job in jobs))
+    table.add_column("job ID", no_wrap=True, min_width=id_width)
     table.add_column("status", no_wrap=True)
     table.add_column("source", overflow="fold", ratio=1, min_width=8)
     table.add_column("files done" if wide else "done", no_wrap=True, justify="right")
     table.add_column("failed", no_wrap=True, justify="right")
-    table.add_column("started", no_wrap=True)
+    if started:
+        table.add_column("started", no_wrap=True)
     if wide:
         table.add_column("closed", no_wrap=True)
         table.add_column("task queue", overflow="fold")
     for job in jobs:
-        running = job.status == "running" and job.search_status
-        status = (f"running ({job.search_status})" if wide else str(job.search_status)) if running else job.status
         row: list[Text | str] = [
             cell(job.workflow_id),
-            cell(status),
+            cell(_status_of(job, wide=wide)),
             _source_cell(job.source),
             "-" if job.files_done is None else str(job.files_done),
             "-" if job.files_failed is None else str(job.files_failed),
-            _when(job.start_time, wide=wide),
         ]
+        if started:
+            row.append(_when(job.start_time, wide=wide))
         if wide:
             row += [_when(job.close_time), cell(job.task_queue)]
         table.add_row(*row)
