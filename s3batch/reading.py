@@ -15,6 +15,9 @@ fields of ``S3BatchInput``, None when not given) become one :class:`Reading` per
   without shift states (the line ends and the dialect characters must be the ASCII bytes they are in
   ASCII). UTF-32 and stateful codecs (``utf-7``, ``iso2022_*``, ``hz``) are refused at start.
 
+For a UTF-16 file, ``max_record_bytes`` counts a record's bytes as UTF-8 (what the parser reads).
+The options shape CSV only: JSON and JSON Lines are UTF-8 (RFC 8259), Parquet is typed.
+
 Byte offsets stay exact: files in an ASCII-compatible encoding are split into lines on their bytes
 and each line decoded; UTF-16 is transcoded to UTF-8 on the way in, the source position of every
 line end kept (``s3batch.formats.transcode``). A record longer than ``max_record_bytes`` is skipped
@@ -154,7 +157,8 @@ class Reading:
         check_dialect(delimiter, quotechar, escapechar)
         header = options.get("header") or "first_row"
         check_header(header)
-        encoding = normalize_encoding(options.get("encoding") or "utf-8")
+        given = options.get("encoding") or "utf-8"
+        encoding = normalize_encoding(given)
         reading = cls(
             delimiter=delimiter,
             quotechar=quotechar,
@@ -163,7 +167,10 @@ class Reading:
             names=tuple(header) if isinstance(header, list) else None,
             encoding=encoding,
         )
-        reading.tokens()  # every dialect character must be written in the encoding
+        try:
+            reading.tokens()  # every dialect character must be written in the encoding
+        except ValueError as err:
+            raise ValueError(f"{err} {given!r}") from None
         return reading
 
     @property
@@ -191,7 +198,7 @@ class Reading:
             try:
                 out.append(char.encode(self.byte_encoding))
             except UnicodeEncodeError:
-                raise ValueError(f"{option}: {char!r} cannot be written in the encoding {self.encoding!r}") from None
+                raise ValueError(f"{option}: {char!r} cannot be written in the encoding") from None
         delimiter, quote, escape = out
         assert delimiter is not None and quote is not None
         return delimiter, quote, escape
