@@ -289,3 +289,20 @@ def test_json_records_over_the_limit_are_rejects_and_the_rest_is_exact(
             assert "longer than max_record_bytes" in record.error
         else:
             assert record.value == value
+
+
+def test_a_json_file_of_json_lines_reads_and_resumes_as_json_lines() -> None:
+    # BigQuery and Firehose write JSON Lines named .json: read as the JSONL reader reads them, and a
+    # resumed attempt tells it from the same first bytes (here the second line ends past the first
+    # block the parser reads, so a decision on fewer bytes than a resumed attempt reads would differ).
+    long = json.dumps({"pad": "x" * 300_000}).encode()
+    for data in (b'{"a": 1}\n' + long + b'\n{"a": [2]}\n', b'[1, 2]\n[3]\n', b'\xef\xbb\xbf{"a": 1}\n{"a": 2}'):
+        records, bounds = walk(JsonDocumentParser(io.BytesIO(data)))
+        lines = [json.loads(line) for line in data.removeprefix(b"\xef\xbb\xbf").split(b"\n") if line]
+        assert [r.value for r in records] == lines
+        for i, (offset, line) in enumerate(bounds):
+            resumed = JsonDocumentParser(io.BytesIO(data[offset:]), offset=offset, line=line, head=data)
+            rest, rest_bounds = walk(resumed)
+            assert rest == records[i + 1 :] and rest_bounds == bounds[i + 1 :]
+    # A document spread over lines is not JSON Lines, even when its first line is valid JSON.
+    assert [r.value for r in JsonDocumentParser(io.BytesIO(b'[\n{"a": 1},\n{"a": 2}\n]'))] == [{"a": 1}, {"a": 2}]

@@ -47,10 +47,13 @@ class BadDocument(ValueError):
 
 
 def looks_like_json_lines(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is JSON Lines: its first non-blank line is a complete
-    JSON value and the next non-blank line starts another (a document spread over lines is not)."""
+    """Whether a file whose first bytes (BOM included, up to :data:`SNIFF`) are ``head`` is JSON
+    Lines: its first two non-blank lines are complete JSON values (a document spread over lines is
+    not). The last line counts only when ``head`` is the whole file."""
+    whole = len(head) < SNIFF
     head = head[:SNIFF].removeprefix(b"\xef\xbb\xbf")
-    lines = [line for line in head.split(b"\n")[:-1] if line.strip()]
+    lines = head.split(b"\n")
+    lines = [line for line in (lines if whole else lines[:-1]) if line.strip()]
     if len(lines) < 2:
         return False
     for line in lines[:2]:
@@ -113,7 +116,7 @@ class JsonDocumentParser:
                 if not more:
                     break
                 first += more
-            head = first[: SNIFF - src.offset]
+            head = (src.bom if src.offset else b"") + first  # the object's first bytes
         else:
             first, head = b"", self._head or b""
         if looks_like_json_lines(head):
