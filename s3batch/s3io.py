@@ -38,7 +38,7 @@ _CHANGED_CODES = {"PreconditionFailed", "412"}
 # Requests the server refuses as malformed: sending them again cannot succeed.
 _REFUSED_CODES = {"InvalidRequest", "InvalidArgument", "KeyTooLongError", "InvalidBucketName", "InvalidObjectName"}
 
-_STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
+STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
 
 
 def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | None = None) -> S3Client:
@@ -112,7 +112,7 @@ def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = N
                 "Check the bucket, prefix and key names."
             ) from None
         raise S3Error(f"{action} {where} failed: {code}: {err}") from None
-    if isinstance(err, (BotoCoreError, *_STREAM_ERRORS)):
+    if isinstance(err, (BotoCoreError, *STREAM_ERRORS)):
         raise S3Error(f"{action} {where} failed: {err}") from None
     raise err
 
@@ -224,7 +224,7 @@ class RangedReader(io.RawIOBase):
                 if self._on_bytes is not None:
                     self._on_bytes(n)
                 return n
-            except _STREAM_ERRORS as err:
+            except STREAM_ERRORS as err:
                 self._close_body()
                 if attempt == self._stream_retries:
                     raise_s3_error(err, "reading", self._bucket, self._key)

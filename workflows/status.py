@@ -30,7 +30,9 @@ def details(
 ) -> str:
     """The Web UI's current details of the job."""
     t = state.totals
-    head = f"s3://{spec.bucket}/{spec.prefix} -> s3://{spec.output_bucket}/{spec.output_prefix}" if spec else ""
+    head = ""
+    if spec:  # a manifest job names its manifest instead of a bucket and prefix
+        head = f"{spec.manifest or f's3://{spec.bucket}/{spec.prefix}'} -> s3://{spec.output_bucket}/{spec.output_prefix}"
     if final:
         word = final
     elif cancelling:

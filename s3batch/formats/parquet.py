@@ -58,7 +58,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.errors import BadFile, S3Error
 from s3batch.formats.common import Record
-from s3batch.s3io import _STREAM_ERRORS, RangedReader, raise_s3_error
+from s3batch.s3io import STREAM_ERRORS, RangedReader, raise_s3_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -135,7 +135,7 @@ class PinnedFile(RangedReader):
                 self._version_id = version
             try:
                 data: bytes = response["Body"].read()
-            except _STREAM_ERRORS as err:
+            except STREAM_ERRORS as err:
                 if attempt == self._stream_retries:
                     raise_s3_error(err, "reading", self._bucket, self._key)
                 time.sleep(0.2 * 2**attempt)
