@@ -157,6 +157,8 @@ async def test_start_wait_and_status_say_when_no_worker_polls_the_task_queue(
     assert f"no worker polls task queue {queue}" in status.stderr and "make worker" in status.stderr, status
     as_json = json.loads((await s3batch("status", wid, "--json")).stdout)
     assert (as_json["task_queue"], as_json["workers"], as_json["waits_for_worker"]) == (queue, 0, True)
+    watched = await s3batch("watch", wid, "--once")
+    assert f"no worker polls task queue {queue}" in watched.stdout, watched
 
     async with Worker(client, task_queue=queue, activity_executor=ThreadPoolExecutor(4)):
         await client.get_workflow_handle(wid).result()

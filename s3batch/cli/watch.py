@@ -29,6 +29,7 @@ from s3batch.cli.render import (
     age,
     attempt,
     file_label,
+    no_worker_line,
     percent,
     print_outcome,
     state_line,
@@ -191,6 +192,8 @@ def watch_renderable(
         safe_line((view.workflow_id, "bold"), ": ", (view.status, f"bold {status_colour(view.status)}")),
         Text(f"  Web UI   {printable(view.ui_url)}"),
     ]
+    if view.waits_for_worker and view.task_queue:
+        lines.append(no_worker_line(view.task_queue))
     p = view.progress
     if p is None:
         lines.append(Text("  progress unavailable (no worker has picked the job up yet?)"))
