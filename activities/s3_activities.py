@@ -213,8 +213,9 @@ class S3Activities:
         redriven = None
         if not req.listing_done and job.only_failed_of:
             redriven = self._read_report(job.only_failed_of)
-        if req.status == "cancelled":
-            # Files the cancel found between attempts report nothing: their committed parts say how far they got.
+        if any(f.status == "cancelled" for f in req.files):
+            # Files a cancel (or max_rejected_total) found between attempts report nothing: their committed
+            # parts say how far they got.
             secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
             done, totals = fill_cancelled(self.s3, job.output_bucket, job.output_prefix, req.files, req.totals, secret)
             req = req.model_copy(update={"files": done, "totals": totals})
