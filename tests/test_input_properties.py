@@ -306,3 +306,15 @@ def test_a_json_file_of_json_lines_reads_and_resumes_as_json_lines() -> None:
             assert rest == records[i + 1 :] and rest_bounds == bounds[i + 1 :]
     # A document spread over lines is not JSON Lines, even when its first line is valid JSON.
     assert [r.value for r in JsonDocumentParser(io.BytesIO(b'[\n{"a": 1},\n{"a": 2}\n]'))] == [{"a": 1}, {"a": 2}]
+
+
+def test_json_elements_over_the_limit_are_rejects_and_invalid_ones_are_rejects_with_their_line() -> None:
+    data = b'[\n {"a": "' + b"x" * 50 + b'"},\n {"a": nope},\n [1, {"b": "]"}],\n 7\n]'
+    records, bounds = walk(JsonDocumentParser(io.BytesIO(data), max_line_bytes=20))
+    assert [(r.line, r.value, (r.error or "")[:40]) for r in records] == [
+        (2, None, "record is longer than max_record_bytes ("),
+        (3, None, "invalid JSON: invalid literal, expected "),
+        (4, [1, {"b": "]"}], ""),
+        (5, 7, ""),
+    ]
+    assert bounds[-1] == (len(data) - 1, 6)  # at the closing ']'

@@ -24,6 +24,7 @@ comma before ``]`` is accepted.
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Iterator
 from typing import IO, cast
@@ -38,6 +39,8 @@ _WS = b" \t\r\n"
 _OUTSIDE = re.compile(rb'[\[\]{}",]')
 _INSIDE = re.compile(rb'["\\]')
 _SCALAR_END = re.compile(rb'[\s,\]\[{}"]')
+_NOT_WS = re.compile(rb"[^ \t\r\n]")
+_SCANNER = json.JSONDecoder().raw_decode
 SNIFF = 1024 * 1024
 """Bytes of the start of a file (its first MiB, BOM included) read to tell JSON Lines from a document."""
 
@@ -92,6 +95,9 @@ class JsonDocumentParser:
         self._lines: JsonlParser | None = None
         self._data = b""
         self._pos = 0
+        self._text: str | None = None
+        """``_data`` read as latin-1 (for the json module's scanner), once asked for."""
+        self._eof = False
 
     @property
     def offset(self) -> int:
@@ -146,34 +152,66 @@ class JsonDocumentParser:
         """Read one more block into the buffer; False at the end of the object."""
         more = self._src.read(_BLOCK)
         if not more:
+            self._eof = True
             return False
         self._data = self._data[self._pos :] + more
         self._pos = 0
+        self._text = None
         return True
 
     def _take(self, n: int) -> None:
         """Consume ``n`` buffered bytes (counted in offset and lines)."""
-        piece = self._data[self._pos : self._pos + n]
-        self._src.offset += n
-        self._src.lines += piece.count(b"\n")
-        self._pos += n
+        pos = self._pos
+        src = self._src
+        src.offset += n
+        src.lines += self._data.count(b"\n", pos, pos + n)
+        self._pos = pos + n
 
     def _skip_ws(self) -> bytes | None:
         """Skip whitespace; the next byte (not consumed), None at the end."""
         while True:
-            data, pos = self._data, self._pos
-            while pos < len(data) and data[pos] in _WS:
-                pos += 1
+            data = self._data
+            m = _NOT_WS.search(data, self._pos)
+            pos = m.start() if m is not None else len(data)
             self._take(pos - self._pos)
-            if pos < len(data):
+            if m is not None:
                 return data[pos : pos + 1]
             if not self._fill():
+                return None
+
+    def _fast_element(self) -> bytes | None:
+        """The bytes of the JSON value that starts here, found by the json module's C scanner (over the
+        buffer read as latin-1, so that positions are byte positions); None when it cannot tell (not
+        valid JSON, longer than the limit, nested too deep): then :meth:`_element` scans byte by byte."""
+        limit = self._src.max_bytes
+        while True:
+            data, pos = self._data, self._pos
+            if self._text is None:
+                self._text = data.decode("latin-1")
+            try:
+                _, end = _SCANNER(self._text, pos)
+            except json.JSONDecodeError as err:
+                # More bytes can help only when the scanner ran out of them.
+                if err.pos < len(data) and not err.msg.startswith("Unterminated string"):
+                    return None
+                end = None
+            except RecursionError:
+                return None
+            if end is not None and end - pos > limit:
+                return None  # skipped by the byte scan, never kept
+            if end is not None and (end < len(data) or self._eof):
+                self._take(end - pos)
+                return data[pos:end]
+            if self._eof or len(data) - pos > limit or not self._fill():
                 return None
 
     def _element(self) -> tuple[bytes | None, int]:
         """The bytes of the JSON value that starts here (None when longer than the limit: skipped),
         and its line."""
         line = self.line
+        fast = self._fast_element()
+        if fast is not None:
+            return fast, line
         limit = self._src.max_bytes
         kept: list[bytes] = []
         size = 0
