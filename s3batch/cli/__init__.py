@@ -21,8 +21,8 @@ from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, p
 
 Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
 3 the command does not apply to the job in its state: the ID belongs to a job that already finished
-(IDs are never reused; controls need a running job), or ``redrive`` was given a job that is still
-running or has no failed or cancelled files.
+(IDs are never reused; controls need a running job) or that is running with another input, or
+``redrive`` was given a job that is still running or has no failed or cancelled files.
 
 The commands are thin: what they do to a job is :mod:`s3batch.client` (usable from Python), what
 they print is here. :mod:`s3batch.cli.jobs` has ``start``, ``status``, ``report``, ``redrive`` and
