@@ -14,6 +14,15 @@ from collections.abc import Iterator
 from typing import IO
 
 from s3batch.formats.common import _BLOCK, Record, _eol_length, _Source, _too_long
+from s3batch.formats.csv_scan import (
+    ERROR,
+    ESCAPED_IN_QUOTED,
+    QUOTED,
+    START,
+    Tokens,
+    after_line_end,
+    scan,
+)
 from s3batch.formats.transcode import Utf16AsUtf8, utf16_byte_order
 from s3batch.reading import Reading
 
@@ -35,76 +44,13 @@ def _widest_field_limit() -> int:
 
 _FIELD_LIMIT = _widest_field_limit()
 
-# States of the csv module's reader (doublequote, strict), as far as they decide where a record ends.
-_START, _IN_FIELD, _QUOTED, _QUOTE_IN_QUOTED, _ERROR, _ESCAPED, _ESCAPED_IN_QUOTED = range(7)
-
-Tokens = tuple[bytes, bytes, "bytes | None"]
-"""``(delimiter, quotechar, escapechar)`` as bytes of the stream."""
-
-
-def _csv_scan(state: int, data: bytes, pos: int, end: int, tokens: Tokens) -> int:
-    """Run the csv reader's state machine over ``data[pos:end]`` (no line terminator inside)."""
-    delim, quote, esc = tokens
-    find = data.find
-    startswith = data.startswith
-    while pos < end:
-        if state == _QUOTED:
-            q = find(quote, pos, end)
-            e = find(esc, pos, end if q < 0 else q) if esc is not None else -1
-            if e >= 0:
-                state, pos = _ESCAPED_IN_QUOTED, e + len(esc)  # type: ignore[arg-type]
-            elif q < 0:
-                return _QUOTED
-            else:
-                state, pos = _QUOTE_IN_QUOTED, q + len(quote)
-        elif state == _IN_FIELD:
-            d = find(delim, pos, end)
-            e = find(esc, pos, end if d < 0 else d) if esc is not None else -1
-            if e >= 0:
-                state, pos = _ESCAPED, e + len(esc)  # type: ignore[arg-type]
-            elif d < 0:
-                return _IN_FIELD
-            else:
-                state, pos = _START, d + len(delim)
-        elif state in (_ESCAPED, _ESCAPED_IN_QUOTED):
-            # The escaped character is data whatever it is (a token, or one byte: in UTF-8 the rest of
-            # a character never starts a token).
-            state = _IN_FIELD if state == _ESCAPED else _QUOTED
-            pos += next((len(t) for t in tokens if t is not None and startswith(t, pos)), 1)
-        elif state == _QUOTE_IN_QUOTED:
-            if startswith(quote, pos):
-                state, pos = _QUOTED, pos + len(quote)  # an escaped quote
-            elif startswith(delim, pos):
-                state, pos = _START, pos + len(delim)
-            else:
-                return _ERROR  # text after a closing quote: csv raises, the line ends the record
-        elif startswith(quote, pos):
-            state, pos = _QUOTED, pos + len(quote)
-        elif startswith(delim, pos):
-            pos += len(delim)
-        elif esc is not None and startswith(esc, pos):
-            state, pos = _ESCAPED, pos + len(esc)
-        else:
-            state, pos = _IN_FIELD, pos + 1
-    return state
-
-
-def _after_line_end(state: int, terminator: bytes) -> int | None:
-    """The state on the next line when the record goes on past ``terminator``; None when it ends there."""
-    if state in (_QUOTED, _ESCAPED_IN_QUOTED):
-        return _QUOTED  # a line break inside a quoted field (escaped or not) is data
-    if state == _ESCAPED and terminator != b"\r\n":
-        return _IN_FIELD  # an escaped line break (of a CRLF, only the CR is escaped: the LF ends the record)
-    return None
-
-
 class _CsvLines(_Source):
     """The lines of a CSV stream for ``csv.reader``, split as with ``newline=''``.
 
     The consumer sets ``fresh`` before asking the reader for a record; the lines pulled after that
     for the same record are its continuation lines (the reader asks for one only inside a quoted
     field, or after an escaped line break). A record that grows past ``max_bytes`` is skipped from
-    that point: its remaining bytes go through :func:`_csv_scan` instead of the reader, bounded in
+    that point: its remaining bytes go through :func:`scan` instead of the reader, bounded in
     memory, and the reader gets a short stand-in that ends the record where the csv module would have
     ended it.
     """
@@ -124,7 +70,7 @@ class _CsvLines(_Source):
         """The bytes are UTF-8 transcoded from the file's encoding (UTF-16)."""
         self.fresh = True
         """Set by the consumer: the next line asked for starts a record."""
-        self.state = _QUOTED
+        self.state = QUOTED
         """The reader's state at the start of the next line of a record that goes on (tracked only with
         an escape character: without one a record goes on only inside quotes)."""
 
@@ -199,9 +145,9 @@ class _CsvLines(_Source):
     def _track(self, raw: bytes, first: bool) -> None:
         """Follow the reader's state over one line handed out (with an escape character only)."""
         eol = _eol_length(raw)
-        state = _csv_scan(_START if first else self.state, raw, 0, len(raw) - eol, self.tokens)
-        after = _after_line_end(state, raw[len(raw) - eol :]) if state != _ERROR else None
-        self.state = _QUOTED if after is None else after
+        state = scan(START if first else self.state, raw, 0, len(raw) - eol, self.tokens)
+        after = after_line_end(state, raw[len(raw) - eol :]) if state != ERROR else None
+        self.state = QUOTED if after is None else after
 
     def _undecodable(self, err: UnicodeDecodeError) -> str:
         if self.transcoded:  # the byte position would not be the file's
@@ -226,14 +172,14 @@ class _CsvLines(_Source):
         self.bad_lines[self.lines] = _too_long(what, max_bytes)
         read = self.read
         tokens = self.tokens
-        state = _START if fresh else self.state
+        state = START if fresh else self.state
         data, pos = raw + rest, 0
         counted = True  # the physical line at `pos` is counted in `lines`
         while True:
             if pos == len(data):
                 data, pos = read(_BLOCK), 0
                 if not data:  # the end of the object ends the record
-                    if state != _QUOTED and state != _ESCAPED_IN_QUOTED:
+                    if state != QUOTED and state != ESCAPED_IN_QUOTED:
                         break
                     # Unterminated quoted field: the reader must fail the record as it would have.
                     return (self.quote if fresh else None), b""
@@ -244,25 +190,25 @@ class _CsvLines(_Source):
             cr = data.find(b"\r", pos, len(data) if lf < 0 else lf)
             eol = cr if cr >= 0 else lf
             if eol < 0:
-                if state != _ERROR:
-                    state = _csv_scan(state, data, pos, len(data), tokens)
+                if state != ERROR:
+                    state = scan(state, data, pos, len(data), tokens)
                 self.offset += len(data) - pos
                 pos = len(data)
                 continue
-            if state != _ERROR:
-                state = _csv_scan(state, data, pos, eol, tokens)
+            if state != ERROR:
+                state = scan(state, data, pos, eol, tokens)
             if eol == cr and eol + 1 == len(data):  # a CR at the end of what was read: CRLF?
                 self.offset += eol - pos
                 data, pos, eol = data[eol:] + read(_BLOCK), 0, 0
             end = eol + 2 if data[eol : eol + 2] == b"\r\n" else eol + 1
-            after = _after_line_end(state, data[eol:end])
+            after = after_line_end(state, data[eol:end])
             self.offset += end - pos
             pos = end
             if after is None:
                 break  # the line break ends the record (or the reader's error did)
             state = after
             counted = False  # a line break inside a quoted field (or escaped): the record goes on
-        self.state = _QUOTED
+        self.state = QUOTED
         return ("\n" if fresh else self.quote + "\n"), data[pos:]
 
 
