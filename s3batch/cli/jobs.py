@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import types
+import typing
 from collections.abc import Sequence
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from temporalio.client import Client
 
@@ -18,6 +20,8 @@ from s3batch.models import S3BatchInput
 from s3batch.validation import describe_validation_error
 
 # ------------------------------------------------------------------------------ job flags
+
+_UNIONS = (typing.Union, types.UnionType)
 
 
 def flag(name: str) -> str:
@@ -42,11 +46,51 @@ def _add_job_flags(parser: argparse.ArgumentParser) -> None:
         metavar = "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
         default = "required" if info.is_required() else f"default: {info.default!r}"
         help_text = f"{_doc(info)} ({default})".replace("%", "%%")
-        if info.annotation is bool:  # a switch: given means true ("true" is what the model reads)
+        kind = _flag_kind(info)
+        if kind == "switch":  # given means true ("true" is what the model reads)
             group.add_argument(flag(name), dest=name, action="store_const", const="true", default=argparse.SUPPRESS,
                                help=help_text)  # fmt: skip
-            continue
-        group.add_argument(flag(name), dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+        elif kind == "list":  # repeatable: --include '*.csv' --include '*.tsv'
+            group.add_argument(flag(name), dest=name, metavar=metavar, action="append", default=argparse.SUPPRESS,
+                               help=help_text + " (repeat the flag for more)")  # fmt: skip
+        elif kind == "json":  # an object or a list: JSON text, e.g. --sink '{"type": "s3"}'
+            group.add_argument(flag(name), dest=name, metavar="JSON", type=_json_or_text, default=argparse.SUPPRESS,
+                               help=help_text)  # fmt: skip
+        else:
+            group.add_argument(flag(name), dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
+
+
+def _flag_kind(info: FieldInfo) -> str:
+    """How a field is given on the command line: ``switch`` (a bool), ``list`` (a list of strings,
+    one flag each), ``json`` (an object, or a value that may be a list: JSON text) or ``text``."""
+    annotation = info.annotation
+    if annotation is bool:
+        return "switch"
+    options = [_unwrapped(a) for a in _members(annotation) if a is not type(None)]
+    options = [member for a in options for member in _members(a)]
+    if options == [list[str]]:
+        return "list"
+    structured = [get_origin(a) in (list, dict) or (isinstance(a, type) and issubclass(a, BaseModel)) for a in options]
+    return "json" if any(structured) else "text"
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union annotation, or the annotation alone."""
+    return get_args(annotation) if get_origin(annotation) in _UNIONS else (annotation,)
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """``Annotated[T, ...]`` -> ``T``."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
+
+
+def _json_or_text(value: str) -> Any:
+    """A flag's value read as JSON when it is JSON (``'{"type": "s3"}'``, ``'["id", "name"]'``),
+    else as the text itself (``none``), for the model to validate."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def job_from_args(args: argparse.Namespace) -> S3BatchInput:
@@ -56,6 +100,8 @@ def job_from_args(args: argparse.Namespace) -> S3BatchInput:
         CliError: With ``EXIT_BAD_INPUT`` and a message naming each invalid field.
     """
     values = {name: getattr(args, name) for name in S3BatchInput.model_fields if hasattr(args, name)}
+    # A tab is hard to type as a flag's value: --delimiter '\t' means one (as $'\t' does).
+    values = {name: "\t" if value == "\\t" else value for name, value in values.items()}
     try:
         # Flags are text: "--chunk-records 500" is read as a number here (JSON input stays strict).
         return S3BatchInput.model_validate(values, strict=False)
