@@ -97,10 +97,11 @@ def attempt(f: api.InFlightFile) -> str:
 
 
 def percent(f: api.InFlightFile) -> str:
-    """``42%`` of the object read, ``gzip`` where the offset is unknown, ``-`` before a checkpoint."""
+    """``42%`` of the object read, ``gzip`` (or ``zstd``, ``parquet``...) where the offset is unknown,
+    ``-`` before a checkpoint."""
     if f.fraction is not None:
         return f"{f.fraction:.0%}"
-    return "-" if f.checkpoint is None or f.checkpoint.byte_offset is not None else "gzip"
+    return "-" if f.checkpoint is None or f.checkpoint.byte_offset is not None else f.offsetless
 
 
 def age(f: api.InFlightFile, now: datetime.datetime) -> str:

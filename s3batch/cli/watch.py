@@ -144,7 +144,7 @@ def in_flight_table(files: Sequence[api.InFlightFile], now: datetime.datetime) -
         elif cp is None:
             bar, amount = Text("waiting for the first checkpoint", style="dim"), "-"
         else:
-            bar = Text("gzip: no byte offset", style="dim")
+            bar = Text(f"{f.offsetless}: no byte offset", style="dim")
             amount = f"? / {filesize.decimal(size)}" if size is not None else "-"
         table.add_row(
             file_label(f),

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from s3batch.checkpoint import Checkpoint
+from s3batch.formats.compression import split_suffix
 from s3batch.models import REDRIVE_STATUSES, Progress, S3BatchInput, S3BatchResult
 from s3batch.report import JobReport, ReportFile
 
@@ -43,6 +44,16 @@ class InFlightFile:
         if cp is None or cp.byte_offset is None or not size:
             return None
         return min(1.0, cp.byte_offset / size)
+
+    @property
+    def offsetless(self) -> str:
+        """Why the file has no byte offset to show: its compression (``gzip``, ``zstd``, ``bzip2``;
+        a compressed stream is read from its start), ``parquet`` (read by row group), or
+        ``compressed`` when the key does not say."""
+        base, compression = split_suffix(self.key or "")
+        if compression:
+            return compression
+        return "parquet" if base.endswith((".parquet", ".pq")) else "compressed"
 
     @property
     def bytes_done(self) -> int:
