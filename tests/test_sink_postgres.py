@@ -170,6 +170,10 @@ async def test_missing_table_and_missing_columns_fail_clearly(
     message = await _failure(client, task_queue, _job(src, out, narrow), s3)
     assert f"table public.{narrow} has no column for the fields 'name', 'note'" in message, message
     assert pg.execute(f"SELECT count(*) FROM public.{narrow}") == [(0,)]
+    # An upsert key that is no unique index of the table: refused at start.
+    sink = {"type": "postgres", "connection": "test", "table": narrow, "mode": "upsert", "key": ["id"]}
+    message = await _failure(client, task_queue, _job(src, out, narrow, sink=sink, output_prefix="o4/"), s3)
+    assert "InvalidInput" in message and "(id) is not a primary key or unique index" in message, message
     # The columns added, the same worker sees them at once (its cached columns are looked up again).
     pg.execute(f"ALTER TABLE public.{narrow} ADD COLUMN name text, ADD COLUMN note text")
     result = await execute(client, task_queue, _job(src, out, narrow, output_prefix="o3/"))

@@ -199,12 +199,29 @@ def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str
             f"the sink's upsert key names columns that table {spec.schema_name}.{spec.table_name} lacks: "
             f"{', '.join(missing)} (it has {', '.join(columns)})"
         )
+    if spec.key and not _has_unique_index(conn, spec):
+        raise SinkInvalid(
+            f"the sink's upsert key ({', '.join(spec.key)}) is not a primary key or unique index of table "
+            f"{spec.schema_name}.{spec.table_name}: ON CONFLICT needs one; add it, or use mode 'insert'"
+        )
     try:
         with conn.transaction():
             conn.execute(sql.SQL(_CHECKPOINT_DDL).format(table=_checkpoint_table(spec)))
     except psycopg.errors.UniqueViolation:
         pass  # created at the same moment by another worker
     return columns
+
+
+def _has_unique_index(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool:
+    """Whether the table has a primary key or unique index on exactly the upsert key's columns."""
+    row = conn.execute(
+        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indpred IS NULL AND ("
+        "SELECT string_agg(a.attname::text, ',' ORDER BY a.attname::text COLLATE \"C\") FROM pg_attribute a "
+        "WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey)) = %s LIMIT 1",
+        (spec.schema_name, spec.table_name, ",".join(sorted(spec.key or []))),
+    ).fetchone()
+    return row is not None
 
 
 def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
