@@ -294,7 +294,7 @@ class PostgresOutput:
                 ).fetchone()
         except (psycopg.Error, PoolTimeout) as err:
             raise _database_error(err, "reading the checkpoint of", self.spec) from None
-        if row is None:
+        if row is None or row[0] is None:
             return start
         cp = Checkpoint.model_validate(row[0])
         return cp if self.is_ours(cp) else start
