@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from s3batch.dev import stack as devstack
+from s3batch.dev import stack_cli as devstack
 from s3batch.dev.sample_data import upload_samples
 from s3batch.dev.stack import StackConfig, ensure_buckets, s3_client
 

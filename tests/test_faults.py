@@ -770,7 +770,7 @@ async def test_bad_input_from_the_python_client_fails_fast_naming_the_field(
 
 def temporal_cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [devstack._binary("temporal"), *args, "--address", stack.config.temporal_address, "--namespace", "default"],
+        [devstack.binary("temporal"), *args, "--address", stack.config.temporal_address, "--namespace", "default"],
         capture_output=True,
         text=True,
         timeout=30,

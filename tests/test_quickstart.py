@@ -67,7 +67,7 @@ def walk(commands: list[str], tmp: Path) -> list[tuple[str, int, str]]:
         subprocess.run(["bash", "-c", "\n".join(script)], cwd=ROOT, env=env, timeout=600, check=False)
     finally:
         # Whatever happened, nothing of this stack is left running.
-        subprocess.run([sys.executable, "-m", "s3batch.dev.stack", "down", "--root", str(config.root)],
+        subprocess.run([sys.executable, "-m", "s3batch.dev.stack_cli", "down", "--root", str(config.root)],
                        env=env, capture_output=True, timeout=120, check=False)  # fmt: skip
     for n, command in enumerate(commands):
         rc_file, out_file = tmp / f"rc-{n}.txt", tmp / f"out-{n}.txt"

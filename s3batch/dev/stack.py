@@ -10,12 +10,12 @@ port from flags, so several stacks (a demo, a test run, a benchmark) can run sid
     s3batch-stack down              # stop the background workers, then both servers
 
 Ports come from ``--temporal-port``/``--ui-port``/``--s3-port``/``--weed-base-port`` or the
-``S3BATCH_*_PORT`` variables.
+``S3BATCH_*_PORT`` variables. The command itself is :mod:`s3batch.dev.stack_cli`; this module
+holds the stack (:class:`StackConfig`, :class:`Stack`) and its S3 helpers.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -28,7 +28,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ SECRET_KEY = "s3batch-local-secret"  # the local store checks nothing; real depl
 REGION = "us-east-1"
 
 
-def _binary(name: str) -> str:
+def binary(name: str) -> str:
     """The executable installed next to this Python (the venv's bin), else on PATH."""
     candidate = Path(sys.executable).parent / name
     if candidate.exists():
@@ -147,7 +147,7 @@ class Stack:
     def temporal_command(self) -> list[str]:
         c = self.config
         cmd = [
-            _binary("temporal"),
+            binary("temporal"),
             "server",
             "start-dev",
             "--ip",
@@ -175,7 +175,7 @@ class Stack:
         b = c.weed_base
         data = c.root / "s3data"
         return [
-            _binary("weed"),
+            binary("weed"),
             "mini",
             f"-dir={data}",
             "-ip=127.0.0.1",
@@ -300,172 +300,3 @@ def ensure_buckets(client: Any, *names: str) -> None:
             pass
         except client.exceptions.BucketAlreadyExists:
             pass
-
-
-# ---------------------------------------------------------------------------------------- CLI
-
-def _state_file(root: Path) -> Path:
-    return root / "stack.json"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="s3batch-stack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "env", "status", "worker"])
-    parser.add_argument("--root", default=os.environ.get("S3BATCH_STACK_DIR", ".stack"), help="state directory")
-    parser.add_argument(
-        "--workers", type=int, default=0, metavar="N", help="up: also start N background workers (down stops them)",
-    )
-    for name, variable in PORT_FLAGS.items():
-        parser.add_argument(f"--{name}", type=int, metavar="PORT", help=f"up: instead of {variable}")
-    args = parser.parse_args(argv)
-    for name, variable in PORT_FLAGS.items():
-        value = getattr(args, name.replace("-", "_"))
-        if value is not None:
-            os.environ[variable] = str(value)
-    root = Path(args.root).resolve()
-    state = _state_file(root)
-    if args.command == "up":
-        _up(root, state)
-        if args.workers:
-            start_workers(_saved_config(root, state), state, args.workers)
-        return
-    commands = {"down": _down, "env": _env, "status": _status, "worker": _worker}
-    commands[args.command](root, state)
-
-
-PORT_FLAGS = {
-    "temporal-port": "S3BATCH_TEMPORAL_PORT",
-    "ui-port": "S3BATCH_UI_PORT",
-    "s3-port": "S3BATCH_S3_PORT",
-    "weed-base-port": "S3BATCH_WEED_BASE_PORT",
-}
-"""``s3batch-stack up`` flags and the variables they stand for."""
-
-
-def _saved_config(root: Path, state: Path) -> StackConfig:
-    """The config of the stack recorded in ``state``, else the one the environment describes."""
-    if not state.exists():
-        return StackConfig.from_env(root)
-    cfg = json.loads(state.read_text())["config"]
-    cfg["root"] = Path(cfg["root"])
-    return StackConfig(**cfg)
-
-
-def start_workers(config: StackConfig, state: Path, count: int) -> list[int]:
-    """Start ``count`` workers (``s3batch-worker``) in the background against the stack, logging to
-    ``worker-N.log`` in its folder; recorded in ``state`` so that ``down`` stops them. Their pids."""
-    saved = json.loads(state.read_text())
-    workers: dict[str, int] = saved.setdefault("workers", {})
-    workers = {name: pid for name, pid in workers.items() if pid_alive(pid)}
-    started = []
-    n = 0
-    for _ in range(count):
-        n += 1
-        while f"worker-{n}" in workers:
-            n += 1
-        with open(config.root / f"worker-{n}.log", "ab") as log:
-            proc = subprocess.Popen(
-                [_binary("s3batch-worker")],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env()},
-                start_new_session=True,  # a Ctrl-C in the terminal that started it does not stop it
-            )
-        workers[f"worker-{n}"] = proc.pid
-        started.append(proc.pid)
-    saved["workers"] = workers
-    state.write_text(json.dumps(saved))
-    print(f"workers          {len(workers)} running (pids {', '.join(map(str, workers.values()))}; logs "
-          f"{config.root}/worker-N.log); `s3batch-stack down` stops them")
-    return started
-
-
-def _worker(root: Path, state: Path) -> None:
-    """One worker in the foreground, pointed at the stack (``make worker``)."""
-    if not state.exists():
-        sys.exit("no stack running: start it with `make stack-up` (or `s3batch-stack up`) first")
-    config = _saved_config(root, state)
-    print(f"worker on Temporal {config.temporal_address}, S3 {config.s3_endpoint} (Ctrl-C stops it)", flush=True)
-    os.execve(_binary("s3batch-worker"), ["s3batch-worker"], {**os.environ, **config.env()})
-
-
-def _up(root: Path, state: Path) -> None:
-    if state.exists():
-        saved = json.loads(state.read_text())
-        if all(pid_alive(p) for p in saved["pids"].values()):
-            print(f"stack already running (state in {root})")
-            return
-    config = StackConfig.from_env(root)
-    for port in (config.temporal_port, config.ui_port, config.s3_port):
-        if not port_free(port):
-            sys.exit(f"port {port} on 127.0.0.1 is in use: set S3BATCH_TEMPORAL_PORT/S3BATCH_UI_PORT/"
-                     "S3BATCH_S3_PORT/S3BATCH_WEED_BASE_PORT to free ports")
-    stack = Stack(config)
-    try:
-        stack.start()
-    except Exception:
-        stack.stop()
-        raise
-    cfg = asdict(config)
-    cfg["root"] = str(root)
-    state.write_text(json.dumps({"config": cfg, "pids": {n: p.pid for n, p in stack.procs.items()}}))
-    print(f"Temporal server  {config.temporal_address}   Web UI {config.ui_url}")
-    print(f"S3 (SeaweedFS)   {config.s3_endpoint}   data in {root / 's3data'}")
-
-
-def _down(root: Path, state: Path) -> None:
-    if not state.exists():
-        print("no stack running")
-        return
-    saved = json.loads(state.read_text())
-    # Workers first (SIGTERM: each hands its file back at a chunk boundary, within its 30 s grace).
-    for name, pid in [*saved.get("workers", {}).items(), *saved["pids"].items()]:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        for _ in range(450 if name.startswith("worker") else 100):
-            if not pid_alive(pid):
-                break
-            time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-        print(f"stopped {name}")
-    state.unlink()
-
-
-def _env(root: Path, state: Path) -> None:
-    config = _saved_config(root, state)
-    for key, value in config.env().items():
-        print(f"export {key}={value}")
-    # So that `s3batch`, `s3batch-worker` and `temporal` run as the README writes them.
-    print(f'export PATH="{Path(sys.executable).parent}:$PATH"')
-
-
-def _status(root: Path, state: Path) -> None:
-    if not state.exists():
-        print("no stack running")
-        return
-    saved = json.loads(state.read_text())
-    for name, pid in [*saved["pids"].items(), *saved.get("workers", {}).items()]:
-        print(f"{name}: pid {pid} {'running' if pid_alive(pid) else 'dead'}")
-    if not any(pid_alive(pid) for pid in saved.get("workers", {}).values()):
-        print("no background worker: jobs wait until one runs (`make worker`, or `s3batch-stack up --workers 2`)")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); look at its state.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.split(")")[-1].split()[0] != "Z"
-    return True
-
-
-if __name__ == "__main__":
-    main()
