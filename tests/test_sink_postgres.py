@@ -352,31 +352,31 @@ async def test_exactly_once_into_the_table_across_a_sigterm_hand_off(
     src, out = buckets
     rows = 4_000
     s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(rows))
-    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.05"}
+    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.1"}
     spec = _job(src, out, table, handler="slow_passthrough", heartbeat_timeout_seconds=30)
-    first = worker_process(task_queue, tmp_path, "a", **env)
-    second: WorkerProcess | None = None
+    # Both workers poll before the job starts (a worker started later may find the file done).
+    procs = [worker_process(task_queue, tmp_path, name, **env) for name in ("a", "b")]
     try:
-        first.wait_ready()
+        for proc in procs:
+            proc.wait_ready()
         handle = await start(client, task_queue, spec, "pgterm")
 
         def mid_file() -> bool:
             cp = _checkpoint(pg, "in/big.csv")
-            return cp is not None and 500 <= cp["next_record"] < rows
+            return cp is not None and 500 <= cp["next_record"] < rows - 1_000
 
-        await wait_for(mid_file, 60, "rows committed mid-file", alive=[first])
-        second = worker_process(task_queue, tmp_path, "b", **env)
-        second.wait_ready()
-        first.proc.send_signal(15)
-        assert first.proc.wait(30) == 0, first.log()
+        await wait_for(mid_file, 60, "rows committed mid-file", alive=procs)
+        [pending] = (await handle.describe()).raw_description.pending_activities
+        [running] = [p for p in procs if pending.last_worker_identity.startswith(f"{p.proc.pid}@")]
+        running.proc.send_signal(15)
+        assert running.proc.wait(30) == 0, running.log()
         started = time.monotonic()
         assert (await handle.result()).status == "succeeded"
         # Handed over at a chunk boundary, not after the 30 s heartbeat timeout.
         assert time.monotonic() - started < 25
     finally:
-        first.stop()
-        if second:
-            second.stop()
+        for proc in procs:
+            proc.stop()
     assert _ids(pg, table) == list(range(rows))
     entry = report(s3, out, "o/")["files"][0]
     assert entry["attempts"] >= 2 and entry["resumed_from_record"] > 0
