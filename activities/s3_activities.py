@@ -17,6 +17,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3batch.activities import files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
+from s3batch.activities.incremental import list_incremental_page, write_ledger
 from s3batch.activities.listing import list_page, list_redrive_page
 from s3batch.activities.manifests import check_manifest, list_manifest_page
 from s3batch.activities.ownership import check_output_free, write_check_metadata
@@ -26,6 +27,7 @@ from s3batch import layout
 from s3batch import search_attributes as sa
 from s3batch.config import Settings
 from s3batch.handlers import get_handler
+from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_location
 from s3batch.models import (
     FileResult,
     FinalReportInput,
@@ -226,6 +228,40 @@ class S3Activities:
         if error is not None:
             raise error
         return key
+
+    # ------------------------------------------------------------------ incremental jobs
+
+    @activity.defn(name="s3batch.list_incremental")
+    @boundary()
+    def list_incremental(self, req: ListIncrementalInput) -> ListObjectsResult:
+        """One page of an incremental job's listing: the objects its ledger does not know in their
+        current version (see ``s3batch.incremental``)."""
+        check_allowed(self.settings, "sources", req.bucket, req.prefix)
+        check_allowed(self.settings, "outputs", *ledger_location(req.ledger), also="sources")
+        check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
+        return list_incremental_page(self.s3, req, lambda b, k, body: self._put(b, k, body, "application/json"))
+
+    @activity.defn(name="s3batch.write_ledger")
+    @boundary()
+    def write_ledger(self, req: WriteLedgerInput) -> str:
+        """After the report: advance the ledger over the run's files that succeeded (idempotent)."""
+        check_allowed(self.settings, "outputs", *ledger_location(req.ledger))
+        return write_ledger(self.s3, req, self._put_ledger)
+
+    def _put_ledger(self, bucket: str, key: str, body: bytes, etag: str | None) -> None:
+        # Conditional: a ledger advanced by another run meanwhile is not overwritten (412).
+        condition: dict[str, Any] = {"IfMatch": f'"{etag}"'} if etag else {"IfNoneMatch": "*"}
+        try:
+            self.s3.put_object(
+                Bucket=bucket,
+                Key=key,
+                Body=body,
+                ContentType="application/json",
+                **condition,
+                **sse_params(self.settings),
+            )
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "writing the ledger", bucket, key)
 
     def _put(self, bucket: str, key: str, body: bytes, content_type: str) -> None:
         try:

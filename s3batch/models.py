@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from s3batch import layout
+from s3batch.incremental import Incremental, ledger_location, ledger_uri
 from s3batch.reading import (
     READ_OPTIONS,
     HeaderOption,
@@ -79,7 +80,7 @@ REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_re
 """The job options on rejects (see ``s3batch.rejects``); None: no limit."""
 
 _UNSET_OMITTED = READ_OPTIONS | (
-    REJECT_LIMITS | {"sink"} | {"manifest", "include", "exclude", "modified_after", "modified_before"}
+    REJECT_LIMITS | {"sink"} | {"manifest", "include", "exclude", "modified_after", "modified_before"} | {"incremental"}
 )
 """Job options left out of the input as written when unset: a job without them is written as before."""
 
@@ -175,6 +176,24 @@ class S3BatchInput(BaseModel):
     sink: Sink | None = None
     """Where the records go (see ``s3batch.sinks.spec``): ``{"type": "s3"}`` (JSONL parts, the default),
     ``{"type": "s3", "format": "parquet"}``, or ``{"type": "postgres", "connection": ..., "table": ...}``."""
+
+    incremental: Incremental | None = None
+    """Process only objects new or changed since the last run of the same ledger, each run into
+    ``{output_prefix}runs/{job-id}/`` (see ``s3batch.incremental``): ``{"ledger": "s3://bucket/prefix/"}``,
+    or ``{}`` for ``{output_prefix}ledger/`` in the output bucket."""
+
+    @model_validator(mode="after")
+    def _incremental_source(self) -> S3BatchInput:
+        if self.incremental is None:
+            return self
+        if self.manifest is not None or self.only_failed_of is not None:
+            raise PydanticCustomError(INPUT_ERROR, "incremental lists a prefix: give no manifest or only_failed_of")
+        bucket, key = ledger_location(ledger_uri(self.output_bucket, self.output_prefix, self.incremental))
+        if bucket == self.bucket and key.startswith(self.prefix):
+            raise PydanticCustomError(
+                INPUT_ERROR, f"incremental.ledger s3://{bucket}/{key} lies under the source prefix: choose another"
+            )
+        return self
 
     @field_validator("output_prefix")
     @classmethod

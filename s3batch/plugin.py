@@ -185,6 +185,8 @@ class S3BatchPlugin(SimplePlugin):
             acts.process_group,
             acts.write_report_segment,
             acts.write_report,
+            acts.list_incremental,
+            acts.write_ledger,
         ]
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:

@@ -40,12 +40,14 @@ with workflow.unsafe.imports_passed_through():
     from s3batch import search_attributes as sa
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, TOO_MANY_REJECTS
+    from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri, run_output_prefix
     from s3batch.models import (
         FileResult,
         FinalReportInput,
         JobSpec,
         JobStatus,
         ListObjectsInput,
+        ListObjectsResult,
         ObjectRef,
         ProcessGroupInput,
         Progress,
@@ -78,6 +80,8 @@ class S3BatchWorkflow:
         # None: a missing argument must fail the workflow clearly, not its task (which would hang).
         self._state = parse_state(state, continued=workflow.info().continued_run_id is not None)
         self._job: S3BatchInput | None = None
+        self._given: S3BatchInput | None = None
+        """The job as given (an incremental job's ``_job`` writes under its run's own output prefix)."""
         self._wake = 0
         """Bumped by every control update, to wake the scheduling loop."""
         self._cancelling = False
@@ -106,7 +110,10 @@ class S3BatchWorkflow:
             job: The job, as an :class:`S3BatchInput` or its JSON.
             state: Set by continue-as-new only.
         """
-        spec = parse_job(job)
+        spec = self._given = parse_job(job)
+        if spec.incremental is not None:
+            run_prefix = run_output_prefix(spec.output_prefix, workflow.info().workflow_id)
+            spec = spec.model_copy(update={"output_prefix": run_prefix})
         self._job = spec
         try:
             return await self._run(spec)
@@ -195,7 +202,8 @@ class S3BatchWorkflow:
             self._state.totals.files_not_started,
         )
         self._books.check()
-        await self._write_report(spec, "cancelled")
+        key = await self._write_report(spec, "cancelled")
+        await self._write_ledger(spec, "cancelled", key)
         self._update_details(final="cancelled")
         await workflow.wait_condition(workflow.all_handlers_finished)
 
@@ -218,6 +226,7 @@ class S3BatchWorkflow:
         await self._stop_files()
         self._books.check()
         key = await self._write_report(spec, "failed")
+        await self._write_ledger(spec, "failed", key)
         self._update_details(final="failed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise ApplicationError(
@@ -227,7 +236,7 @@ class S3BatchWorkflow:
     async def _list_next_page(self) -> None:
         st = self._state
         spec = self._spec
-        page = await workflow.execute_activity_method(
+        page = await self._list_page(spec) if spec.incremental is not None else await workflow.execute_activity_method(
             S3Activities.list_objects,
             ListObjectsInput(
                 bucket=spec.bucket,
@@ -254,6 +263,49 @@ class S3BatchWorkflow:
         st.listing_done = page.next_token is None
         st.totals.files_listed += len(page.objects)
         self._update_details()
+
+    async def _list_page(self, spec: S3BatchInput) -> ListObjectsResult:
+        """A page of an incremental job's listing, cut by its ledger (see ``s3batch.incremental``)."""
+        assert spec.incremental is not None
+        given = self._given or spec
+        return await workflow.execute_activity_method(
+            S3Activities.list_incremental,
+            ListIncrementalInput(
+                bucket=spec.bucket,
+                prefix=spec.prefix,
+                continuation_token=self._state.continuation_token,
+                page_size=LIST_PAGE_SIZE,
+                selection=spec.selection() if spec.selection().active else None,
+                ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
+                window_seconds=spec.incremental.window_seconds,
+                output_bucket=spec.output_bucket,
+                output_prefix=spec.output_prefix,
+            ),
+            start_to_close_timeout=SHORT_TIMEOUT,
+            retry_policy=SHORT_RETRY,
+        )
+
+    async def _write_ledger(self, spec: S3BatchInput, status: JobStatus, report_key: str) -> None:
+        """After the report of an incremental job: advance its ledger over the files that succeeded."""
+        if spec.incremental is None:
+            return
+        given = self._given or spec
+        await workflow.execute_activity_method(
+            S3Activities.write_ledger,
+            WriteLedgerInput(
+                ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
+                run_id=workflow.info().workflow_id,
+                source=f"s3://{spec.bucket}/{spec.prefix}",
+                window_seconds=spec.incremental.window_seconds,
+                output_bucket=spec.output_bucket,
+                output_prefix=spec.output_prefix,
+                report_key=report_key,
+                status=status,
+                listing_done=self._state.listing_done,
+            ),
+            start_to_close_timeout=SHORT_TIMEOUT,
+            retry_policy=SHORT_RETRY,
+        )
 
     def _start_file_activity(self, group: list[ObjectRef]) -> workflow.ActivityHandle[Any]:
         options = file_activity_options(self._spec)
@@ -326,7 +378,8 @@ class S3BatchWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         # Only the fields the user gave: a worker of an older version, which knows no field added
         # since, can still read the job.
-        workflow.continue_as_new(args=[spec.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")])
+        given = self._given or spec
+        workflow.continue_as_new(args=[given.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")])
 
     async def _write_report(self, spec: S3BatchInput, status: JobStatus) -> str:
         st = self._state
@@ -363,6 +416,7 @@ class S3BatchWorkflow:
         empty = spec.fail_if_empty and st.totals.files_listed == 0 and workflow.patched(FAIL_IF_EMPTY)
         status: JobStatus = "failed" if failed or empty else "succeeded"
         key = await self._write_report(spec, status)
+        await self._write_ledger(spec, status, key)
         self._update_details(final=status)
         await workflow.wait_condition(workflow.all_handlers_finished)
         if empty:
