@@ -30,13 +30,13 @@ def last_committed(
     """The checkpoint of the last contiguous part (``part-0`` ... ``part-n-1``) of ``key`` written for
     the source version ``etag``, or None when it has none."""
     folder = layout.file_dir(output_prefix, key)
-    indices: set[int] = set()
+    indices: dict[int, str] = {}  # chunk -> its part's key (.jsonl or .parquet, as the sink wrote it)
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{folder}part-"):
             for item in page.get("Contents", []):
                 kind = layout.output_kind(item["Key"][len(folder) :])
                 if kind is not None and kind[0] == "part":
-                    indices.add(kind[1])
+                    indices[kind[1]] = item["Key"]
     except (ClientError, BotoCoreError) as err:
         raise_s3_error(err, "listing output under", bucket, folder)
     n = 0
@@ -44,7 +44,7 @@ def last_committed(
         n += 1
     if not n:
         return None
-    part = layout.part_key(output_prefix, key, n - 1)
+    part = indices[n - 1]
     try:
         metadata = s3.head_object(Bucket=bucket, Key=part).get("Metadata", {})
     except (ClientError, BotoCoreError) as err:
