@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from s3batch import layout
 from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA, Checkpoint, checkpoint_mac_ok
-from s3batch.models import FileResult, Totals
+from s3batch.messages import FileResult, Totals
 from s3batch.s3io import raise_s3_error
 
 if TYPE_CHECKING:

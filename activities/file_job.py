@@ -25,7 +25,7 @@ from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
 from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
-from s3batch.models import FileResult, ProcessFileInput
+from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
 from s3batch.sinks import Sink, open_sink

@@ -22,7 +22,7 @@ from s3batch.incremental import (
     page_key,
     pages_dir,
 )
-from s3batch.models import ListObjectsResult, ObjectRef
+from s3batch.messages import ListObjectsResult, ObjectRef
 from s3batch.report import read_report
 from s3batch.s3io import error_code, is_missing_object, raise_s3_error, strip_etag
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from s3batch.models import ListObjectsInput, ListObjectsResult, ObjectRef
+from s3batch.messages import ListObjectsInput, ListObjectsResult, ObjectRef
 from s3batch.report import JobReport, redrive_plan
 from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
 from s3batch.selection import KeyFilter

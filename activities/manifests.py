@@ -42,7 +42,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.errors import InvalidInput
 from s3batch.formats.parquet import PinnedFile
-from s3batch.models import ListObjectsInput, ListObjectsResult, ObjectRef
+from s3batch.messages import ListObjectsInput, ListObjectsResult, ObjectRef
 from s3batch.s3io import is_missing_object, open_object, raise_s3_error, strip_etag
 from s3batch.selection import KeyFilter, split_s3_uri
 

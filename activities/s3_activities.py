@@ -28,17 +28,17 @@ from s3batch import search_attributes as sa
 from s3batch.config import Settings
 from s3batch.handlers import get_handler
 from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_location
-from s3batch.models import (
+from s3batch.messages import (
     FileResult,
     FinalReportInput,
     JobCheck,
-    JobSpec,
     ListObjectsInput,
     ListObjectsResult,
     ProcessFileInput,
     ProcessGroupInput,
     ReportSegmentInput,
 )
+from s3batch.models import JobSpec
 from s3batch.report import JobReport, assemble_report, books_error, read_report, read_segment, segment_body
 from s3batch.s3io import check_allowed, check_ceilings, raise_s3_error, sse_params
 from s3batch.selection import split_s3_uri

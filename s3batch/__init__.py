@@ -34,8 +34,8 @@ _EXPORTS = {
     "S3BatchWorkflow": "s3batch.workflows.batch",
     "S3Activities": "s3batch.activities.s3_activities",
     "S3BatchInput": "s3batch.models",
-    "S3BatchResult": "s3batch.models",
-    "Progress": "s3batch.models",
+    "S3BatchResult": "s3batch.messages",
+    "Progress": "s3batch.messages",
     "record_handler": "s3batch.handlers",
     "chunk_handler": "s3batch.handlers",
     "HandlerResult": "s3batch.handlers",
@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from s3batch.activities.s3_activities import S3Activities
     from s3batch.formats.common import Record
     from s3batch.handlers import HandlerResult, Reject, chunk_handler, record_handler
-    from s3batch.models import Progress, S3BatchInput, S3BatchResult
+    from s3batch.messages import Progress, S3BatchResult
+    from s3batch.models import S3BatchInput
     from s3batch.plugin import S3BatchPlugin
     from s3batch.workflows.batch import S3BatchWorkflow
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from s3batch.errors import TooManyRejects
-from s3batch.models import FileResult, ReasonCount, Totals
+from s3batch.messages import FileResult, ReasonCount, Totals
 
 MAX_REASONS = 5
 """Reasons kept per file (the most common)."""

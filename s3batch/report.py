@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from s3batch.accounting import combine, key_digest, report_problems
 from s3batch.errors import AccountingError, InvalidInput
-from s3batch.models import REDRIVE_STATUSES, FileResult, FinalReportInput, Totals
+from s3batch.messages import FileResult, FinalReportInput, Totals
+from s3batch.models import REDRIVE_STATUSES
 from s3batch.s3io import error_code, raise_s3_error
 
 if TYPE_CHECKING:

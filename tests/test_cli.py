@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough (50 ms a chunk) for the in-process worker
 from s3batch.dev.sample_data import customers_csv, gzip_chunks, upload_chunks, upload_samples
 from s3batch.dev.stack import Stack
-from s3batch.models import S3BatchResult
+from s3batch.messages import S3BatchResult
 from tests.helpers import run, wait_for
 
 SLOW_HANDLER = "slow_passthrough"

@@ -24,7 +24,7 @@ from s3batch.client import InFlightFile, JobView
 from s3batch.dev.sample_data import customers_csv, upload_chunks
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler
-from s3batch.models import Progress, S3BatchResult
+from s3batch.messages import Progress, S3BatchResult
 from tests.helpers import run, wait_for
 from tests.helpers.output import read_jsonl
 

@@ -24,7 +24,8 @@ from temporalio.worker import Worker
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for the in-process worker
 from s3batch import layout
 from s3batch.dev.stack import Stack
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.messages import S3BatchResult
+from s3batch.models import S3BatchInput
 from tests.helpers import run, wait_for
 from tests.helpers.data import make_csv
 from tests.helpers.jobs import progress, slow_job, start, until

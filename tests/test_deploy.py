@@ -31,7 +31,7 @@ from temporalio.client import Client
 
 from s3batch import health
 from s3batch.dev.stack import Stack
-from s3batch.models import Progress, S3BatchResult
+from s3batch.messages import Progress, S3BatchResult
 from s3batch.worker import PLACEHOLDER_MARKS
 from tests.helpers import wait_for
 

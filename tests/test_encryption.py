@@ -42,7 +42,8 @@ from temporalio.worker import Worker
 from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, EncryptionCodec, key_id
 from s3batch.codec_server import CodecServer, ServerConfig
 from s3batch.dev.stack import Stack, StackConfig
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.messages import S3BatchResult
+from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin, _converter
 from s3batch.s3io import make_client
 from scripts.ui_screenshot import chromium

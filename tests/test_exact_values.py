@@ -12,7 +12,7 @@ from temporalio.testing import ActivityEnvironment
 
 from s3batch import layout
 from s3batch.handlers import record_handler
-from s3batch.models import ObjectRef, ProcessFileInput
+from s3batch.messages import ObjectRef, ProcessFileInput
 
 LINES = [
     b'{"id": 123456789012345678901234567890, "amount": 0.1000000000000000055511151231257827}',

@@ -25,7 +25,7 @@ from s3batch import checkpoint, layout
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, record_handler, register
-from s3batch.models import FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
+from s3batch.messages import FileResult, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
 from s3batch.s3io import make_client
 
 OUT_PREFIX = "out/"

@@ -19,7 +19,8 @@ from s3batch.activities.manifests import list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from s3batch.models import ListObjectsInput, S3BatchInput, S3BatchResult
+from s3batch.messages import ListObjectsInput, S3BatchResult
+from s3batch.models import S3BatchInput
 from s3batch.selection import KeyFilter
 from tests.helpers import run
 from tests.helpers.data import csv_rows, make_csv, put_files

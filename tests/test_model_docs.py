@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from s3batch import models
 from s3batch.config import Settings
-from s3batch.models import FileResult, JobState, S3BatchInput
+from s3batch.messages import FileResult, JobState
+from s3batch.models import S3BatchInput
 
 
 def documented_models() -> list[type[BaseModel]]:

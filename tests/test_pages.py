@@ -14,7 +14,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from s3batch import layout
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.messages import S3BatchResult
+from s3batch.models import S3BatchInput
 from tests.helpers.data import put_files
 from tests.helpers.history import history_events, scheduled_activities
 from tests.helpers.output import list_keys, report

@@ -23,7 +23,8 @@ from s3batch import layout
 from s3batch.codec import ENCODING
 from s3batch.config import Settings
 from s3batch.dev.stack import Stack
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.messages import S3BatchResult
+from s3batch.models import S3BatchInput
 from s3batch.plugin import DEFAULT_HEARTBEAT_THROTTLE, S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.helpers import wait_for

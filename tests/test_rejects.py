@@ -30,7 +30,8 @@ from s3batch.cli.watch import watch_renderable
 from s3batch.client.views import JobView
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, Reject, chunk_handler, record_handler
-from s3batch.models import FileResult, JobState, ObjectRef, ProcessFileInput, Progress, S3BatchInput
+from s3batch.messages import FileResult, JobState, ObjectRef, ProcessFileInput, Progress
+from s3batch.models import S3BatchInput
 from s3batch.rejects import HANDLER_REASON, RATIO_MIN_RECORDS, reason_key, with_job_warnings
 from tests.helpers import run
 from tests.helpers.jobs import execute, new_id

@@ -15,7 +15,8 @@ from temporalio.testing import ActivityEnvironment
 
 from s3batch.accounting import combine, key_digest, report_problems
 from s3batch.errors import ACCOUNTING_ERROR
-from s3batch.models import FileResult, FinalReportInput, JobSpec, ReportSegmentInput, Totals
+from s3batch.messages import FileResult, FinalReportInput, ReportSegmentInput, Totals
+from s3batch.models import JobSpec
 from tests.helpers.output import report
 
 

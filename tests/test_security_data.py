@@ -29,17 +29,16 @@ from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA
 from s3batch.config import Settings
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, Reject, chunk_handler
-from s3batch.models import (
+from s3batch.messages import (
     FinalReportInput,
-    JobSpec,
     ListObjectsInput,
     ObjectRef,
     ProcessFileInput,
     ProcessGroupInput,
     ReportSegmentInput,
-    S3BatchInput,
     Totals,
 )
+from s3batch.models import JobSpec, S3BatchInput
 from s3batch.s3io import make_client
 from tests.helpers.history import history_events
 from tests.helpers.output import committed_parts, read_jsonl, report

@@ -13,7 +13,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint, fingerprint
-from s3batch.models import ObjectRef, ProcessFileInput, S3BatchInput
+from s3batch.messages import ObjectRef, ProcessFileInput
+from s3batch.models import S3BatchInput
 from s3batch.sinks.spec import S3Sink
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import csv_rows, make_csv

@@ -14,7 +14,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, ApplicationEr
 from s3batch import errors
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.errors import NON_RETRYABLE_TYPES, BadFile, S3Error, UnknownFormatError, WorkerShutdown, describe_failure
-from s3batch.models import FileResult, FinalReportInput, JobSpec, Totals
+from s3batch.messages import FileResult, FinalReportInput, Totals
+from s3batch.models import JobSpec
 from s3batch.report import JobReport, assemble_report, find_report, parse_report, read_report, redrive_plan
 
 # ---------------------------------------------------------------------------------------- errors

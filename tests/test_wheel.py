@@ -19,7 +19,8 @@ from temporalio.client import Client
 
 import s3batch
 from s3batch.dev.stack import Stack
-from s3batch.models import S3BatchInput, S3BatchResult
+from s3batch.messages import S3BatchResult
+from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 from tests.helpers.output import read_jsonl
 

@@ -30,11 +30,10 @@ from temporalio.worker import Worker
 from s3batch.accounting import report_problems
 from s3batch.dev.stack import Stack
 from s3batch.errors import ACCOUNTING_ERROR
-from s3batch.models import (
+from s3batch.messages import (
     FileResult,
     FinalReportInput,
     JobCheck,
-    JobSpec,
     ListObjectsInput,
     ListObjectsResult,
     ObjectRef,
@@ -42,6 +41,7 @@ from s3batch.models import (
     ProcessGroupInput,
     ReportSegmentInput,
 )
+from s3batch.models import JobSpec
 from tests.helpers.history import history_events
 from tests.helpers.workers import record_reliability
 

@@ -41,20 +41,18 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, TOO_MANY_REJECTS
     from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri, run_output_prefix
-    from s3batch.models import (
+    from s3batch.messages import (
         FileResult,
         FinalReportInput,
-        JobSpec,
-        JobStatus,
         ListObjectsInput,
         ListObjectsResult,
         ObjectRef,
         ProcessGroupInput,
         Progress,
         ReportSegmentInput,
-        S3BatchInput,
         S3BatchResult,
     )
+    from s3batch.models import JobSpec, JobStatus, S3BatchInput
     from s3batch.rejects import total_crossed
 
 LIST_PAGE_SIZE = 500

@@ -13,7 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, describe_failure
-    from s3batch.models import FileResult, JobState, ObjectRef
+    from s3batch.messages import FileResult, JobState, ObjectRef
     from s3batch.rejects import counts_of, with_job_warnings
 
 

@@ -12,7 +12,8 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.errors import INVALID_INPUT
-    from s3batch.models import JobState, S3BatchInput
+    from s3batch.messages import JobState
+    from s3batch.models import S3BatchInput
     from s3batch.validation import describe_validation_error
 
 _M = TypeVar("_M", bound=BaseModel)

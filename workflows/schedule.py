@@ -13,7 +13,8 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.errors import NON_RETRYABLE_TYPES
-    from s3batch.models import JobState, ObjectRef, ProcessFileInput, S3BatchInput
+    from s3batch.messages import JobState, ObjectRef, ProcessFileInput
+    from s3batch.models import S3BatchInput
 
 SHORT_TIMEOUT = timedelta(minutes=5)
 """Start-to-close timeout of the short activities (check, listing page, report segment, report)."""

@@ -13,7 +13,8 @@ with workflow.unsafe.imports_passed_through():
 
     from s3batch import layout
     from s3batch import search_attributes as sa
-    from s3batch.models import JobState, ObjectRef, Progress, S3BatchInput
+    from s3batch.messages import JobState, ObjectRef, Progress
+    from s3batch.models import S3BatchInput
 
 
 def state_word(state: JobState, cancelling: bool, final: str | None) -> str:

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from s3batch import client as api
 from s3batch.cli.output import EXIT_OK, out, print_json, safe_line
-from s3batch.models import Progress
+from s3batch.messages import Progress
 
 
 def _print_control(args: argparse.Namespace, p: Progress, message: Text) -> None:

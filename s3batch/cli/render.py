@@ -18,7 +18,7 @@ from temporalio.client import Client
 from s3batch import client as api
 from s3batch import search_attributes as sa
 from s3batch.cli.output import cell, err_out, out, safe_line
-from s3batch.models import Progress, S3BatchResult, Totals
+from s3batch.messages import Progress, S3BatchResult, Totals
 
 POLL_SECONDS = 0.5
 

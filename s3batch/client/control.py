@@ -14,7 +14,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch.client.errors import ControlRejected, JobNotRunning
 from s3batch.client.jobs import describe_run, status_word
-from s3batch.models import Progress
+from s3batch.messages import Progress
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> str:

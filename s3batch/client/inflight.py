@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.client.views import InFlightFile
-from s3batch.models import ObjectRef, ProcessFileInput
+from s3batch.messages import ObjectRef, ProcessFileInput
 
 PROCESS_FILE_ACTIVITY = "s3batch.process_file"
 PROCESS_GROUP_ACTIVITY = "s3batch.process_group"

@@ -31,7 +31,8 @@ from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect_config, ui_base
 from s3batch.config import connect as connect_temporal
 from s3batch.errors import describe_failure
-from s3batch.models import Progress, S3BatchInput, S3BatchResult
+from s3batch.messages import Progress, S3BatchResult
+from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 
 QUERY_TIMEOUT = timedelta(seconds=5)

@@ -29,7 +29,7 @@ from s3batch.s3io import RangedReader, open_object
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from s3batch.models import ProcessFileInput
+    from s3batch.messages import ProcessFileInput
 
 def reading_of(req: ProcessFileInput, fmt: ParsedFormat, where: str) -> Reading:
     """How the file of ``req`` is read (the job's reading options; defaults but for CSV).

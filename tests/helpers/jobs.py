@@ -9,7 +9,8 @@ from typing import Any
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowHandle
 
-from s3batch.models import Progress, S3BatchInput, S3BatchResult
+from s3batch.messages import Progress, S3BatchResult
+from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 
 SLOW_HEARTBEAT_TIMEOUT = 20

@@ -1,0 +1,296 @@
+"""Internal state and messages: what the workflow, its activities and the clients exchange (activity
+inputs and results, the job's totals and continue-as-new state, query answers, the workflow result).
+
+Tolerant of unknown fields (``extra="allow"``), unlike the job input in :mod:`s3batch.models`:
+during a rolling upgrade workers of two versions share a running job, and each must read what the
+other wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+from s3batch.models import FileStatus, Format, JobSpec, JobStatus, without_nones
+from s3batch.reading import READ_OPTIONS, HeaderOption
+from s3batch.selection import KeyFilter
+from s3batch.sinks.spec import Sink
+
+
+class _Model(BaseModel):
+    """Internal state and messages: checkpoints, heartbeat details, continue-as-new state, activity
+    inputs and results, query answers.
+
+    Unknown fields are kept (``extra="allow"``), not refused: during a rolling upgrade workers of two
+    versions share a running job, and each must read what the other wrote (a field added by the newer
+    version survives a round trip through the older one).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=False, use_attribute_docstrings=True)
+
+
+class ObjectRef(_Model):
+    """One source object, pinned to the version seen when it was listed."""
+
+    key: str
+    etag: str
+    """ETag at listing time (quotes stripped); every read is conditional on it."""
+    size: int
+    version_id: str | None = None
+    """Version pinned at the first read, where the bucket is versioned (or the one a manifest names)."""
+    bucket: str | None = None
+    """Its bucket when it is not the job's ``bucket`` (a manifest's objects; None: left out of payloads)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_job_bucket(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), _OBJECT_BUCKET)
+
+
+_OBJECT_BUCKET = frozenset({"bucket"})
+
+
+class Totals(_Model):
+    """Job-wide counters, carried across continue-as-new."""
+
+    files_listed: int = 0
+    files_succeeded: int = 0
+    files_failed: int = 0
+    files_cancelled: int = 0
+    """Files in flight when the job was cancelled (stopped at a chunk boundary)."""
+    files_not_started: int = 0
+    """Files listed but never started because the job was cancelled."""
+    records: int = 0
+    """Records read from the sources (written + rejected + dropped, for handlers that account for each)."""
+    records_written: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    """Records the handlers dropped (neither written nor rejected)."""
+    bytes_read: int = 0
+
+
+class JobState(_Model):
+    """Workflow state handed from one run to the next by continue-as-new. Small by design."""
+
+    indexed: bool = False
+    """s3batch's search attributes exist in the namespace (learnt by the first run's check)."""
+    run: int = 0
+    continuation_token: str | None = None
+    listing_done: bool = False
+    pending: list[ObjectRef] = Field(default_factory=list)
+    """Objects of the current listing page that no run has started yet."""
+    totals: Totals = Field(default_factory=Totals)
+    report_segments: int = 0
+    """Per-file results of earlier runs, flushed to ``{output_prefix}_s3batch/report-NNNNN.jsonl``."""
+    files_per_run: int = Field(500, ge=1, le=2_000)
+    """Files one run starts before it continues as new."""
+    solo: list[str] = Field(default_factory=list)
+    """Keys of pending objects whose group failed: they are retried one per activity."""
+    paused: bool = False
+    """Set by the ``pause`` update: no new file starts until ``resume``."""
+    max_concurrent_files: int | None = Field(None, ge=1, le=1_000)
+    """Set by the ``set_concurrency`` update; overrides the input's ``max_concurrent_files``."""
+    listed_digest: int | None = None
+    """Order-independent digest of every key listed so far (see ``s3batch.accounting``); None for a
+    job started by a release that did not keep it (its books are then checked by counts only)."""
+    done_digest: int | None = None
+    """The same digest over the keys of every file result recorded so far."""
+    last_listed_key: str | None = None
+    """The last key the listing handed out: a redrive of a cancelled job lists on after it."""
+    warnings: list[str] | None = None
+    """The first warnings of the job's files (a high reject ratio, a CSV delimiter hint), each with
+    its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``); None: none (and left out of the state)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_no_warnings(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), frozenset({"warnings"}))
+
+
+class JobCheck(_Model):
+    """Result of the job's pre-flight check."""
+
+    search_attributes: bool = False
+    """The worker registered (or found) s3batch's search attributes: the workflow may upsert them."""
+    source: str | None = None
+    """The job's ``S3BatchSource`` value (an HMAC when the worker has an encryption key), for a job
+    started without one; None: leave it out."""
+
+
+class ListObjectsInput(_Model):
+    bucket: str
+    prefix: str
+    continuation_token: str | None = None
+    report: str | None = None
+    """List the failed files of this report (``s3://bucket/key``) instead of the bucket."""
+    page_size: int = Field(500, ge=1, le=1_000)
+    manifest: str | None = None
+    """List the objects this manifest names (``s3://bucket/key``) instead of the bucket."""
+    selection: KeyFilter | None = None
+    """The job's filters (None: none)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), _LISTING_OPTIONS)
+
+
+_LISTING_OPTIONS = frozenset({"manifest", "selection"})
+
+
+class ListObjectsResult(_Model):
+    objects: list[ObjectRef]
+    next_token: str | None
+    """None once the listing is complete."""
+
+
+class ProcessFileInput(_Model):
+    """Input of the per-file activity."""
+
+    job_id: str
+    bucket: str
+    obj: ObjectRef
+    output_bucket: str
+    output_prefix: str
+    format: Format
+    handler: str
+    chunk_records: int
+    max_record_bytes: int
+    max_rejected_records: int | None = None
+    max_rejected_ratio: float | None = None
+    sink: Sink | None = None
+    """The job's sink; None (left out of the payload): JSONL parts, as before sinks existed."""
+    delimiter: str | None = None
+    quotechar: str | None = None
+    escapechar: str | None = None
+    header: HeaderOption | None = None
+    encoding: str | None = None
+    """The job's reading options (``s3batch.reading``); None (left out of the payload): the default."""
+
+    @model_serializer(mode="wrap")
+    def _omit_default_sink(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), _SINK)
+
+
+_SINK = READ_OPTIONS | {"sink"}
+
+
+class ProcessGroupInput(_Model):
+    """Input of the group activity: small objects processed one after the other in one activity, so
+    per-activity overhead does not dominate (like Step Functions' ItemBatcher)."""
+
+    file: ProcessFileInput
+    """Options shared by the group; its ``obj`` is the group's first object."""
+    more: list[ObjectRef]
+    """The group's other objects."""
+
+    def items(self) -> list[ProcessFileInput]:
+        first = self.file
+        # A manifest's objects carry their bucket.
+        return [first, *(first.model_copy(update={"obj": o, "bucket": o.bucket or first.bucket}) for o in self.more)]
+
+
+class ReasonCount(_Model):
+    """A reject reason (never record contents) and how many of a file's rejects gave it."""
+
+    reason: str
+    count: int
+
+
+_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings"})
+
+
+class FileResult(_Model):
+    """Outcome of one file, as listed in the job report."""
+
+    key: str
+    etag: str
+    status: FileStatus
+    records: int = 0
+    """Records read (written + rejected + dropped, for handlers that account for each record)."""
+    records_written: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    """Records the handler dropped (a record handler returning None)."""
+    bytes_read: int = 0
+    chunks: int = 0
+    attempts: int = 1
+    resumed_from_record: int = 0
+    """``next_record`` the final attempt started from; 0 when it started fresh."""
+    error: str | None = None
+    reject_ratio: float | None = None
+    """Rejected / records read, for a file with rejects (None: none, and absent from the report)."""
+    reject_reasons: list[ReasonCount] | None = None
+    """The most common reasons of its rejects, with their counts (at most 5; see ``s3batch.rejects``)."""
+    warnings: list[str] | None = None
+    """What a person should look at (a high reject ratio, a CSV that looks like another delimiter)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), _REJECT_FIELDS)
+
+    @classmethod
+    def not_started(cls, key: str, etag: str = "") -> FileResult:
+        """A file listed (or due to be redriven) that a cancelled job never started."""
+        return cls(key=key, etag=etag, status="not_started", attempts=0, error="job cancelled before this file started")
+
+
+class ReportSegmentInput(_Model):
+    output_bucket: str
+    output_prefix: str
+    segment: int
+    files: list[FileResult]
+
+
+class FinalReportInput(_Model):
+    job_id: str
+    job: JobSpec
+    status: JobStatus
+    totals: Totals
+    segments: int
+    """Number of segments flushed by earlier runs."""
+    files: list[FileResult]
+    """Results of the final run, not yet flushed."""
+    listed_digest: int | None = None
+    """Digest of every key the job listed: the report must hold each of them exactly once."""
+    listing_done: bool = True
+    """False for a job cancelled before its listing ended."""
+    last_listed_key: str | None = None
+    """The last key listed (for people reading the report)."""
+    continuation_token: str | None = None
+    """Where the listing stopped when ``listing_done`` is False: a redrive goes on from there."""
+
+
+class Progress(_Model):
+    """Answer of the ``progress`` query."""
+
+    files_listed: int
+    files_succeeded: int
+    files_failed: int
+    files_in_flight: int
+    records: int
+    records_written: int
+    rejected: int
+    bytes_read: int
+    listing_done: bool
+    run: int
+    in_flight: list[str] = Field(default_factory=list)
+    """Keys of the files being processed now."""
+    paused: bool = False
+    """Paused by the ``pause`` update: no new file starts; files in flight run to their end."""
+    max_concurrent_files: int | None = None
+    """Current limit of files in flight (the input's, or the last ``set_concurrency``)."""
+    cancelling: bool = False
+    """The job was cancelled: files in flight are stopping at a chunk boundary."""
+    files_cancelled: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    """The first warnings of the job's files, each with its key (see ``JobState.warnings``)."""
+
+
+class S3BatchResult(_Model):
+    """Result of ``S3BatchWorkflow``: job totals and where the full report is."""
+
+    status: Literal["succeeded", "failed"]
+    totals: Totals
+    report_bucket: str
+    report_key: str
+    warnings: list[str] = Field(default_factory=list)
+    """The first warnings of the job's files, each with its key (the report has every file's)."""
