@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from s3batch.formats.common import Record
-from s3batch.formats.csv import CsvParser, generated_names, read_csv_header
+from s3batch.formats.csv import CsvParser, read_csv_header
+from s3batch.formats.csv_header import generated_names
 from s3batch.formats.json import JsonDocumentParser, looks_like_json_lines
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import Reading

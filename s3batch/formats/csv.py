@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from s3batch.formats.common import _BLOCK, Record, _eol_length, _Source, _too_long
+from s3batch.formats.csv_header import check_column_names, generated_names
 from s3batch.formats.csv_scan import (
     ERROR,
     ESCAPED_IN_QUOTED,
@@ -325,7 +326,7 @@ class CsvParser:
                 raise ValueError(f"{what} (line {start}) cannot be read: {problems}")
             if row:
                 if self._reading.header_row:
-                    _check_column_names(row, start)
+                    check_column_names(row, start)
                 return row
 
     def __iter__(self) -> Iterator[Record]:
@@ -377,32 +378,10 @@ class CsvParser:
             yield new(Record, (start, dict(zip(header, row, strict=True)), None))
 
 
-def _check_column_names(row: list[str], line: int) -> None:
-    """Refuse a header that would lose values: every column needs a distinct, non-empty name."""
-    seen: dict[str, int] = {}
-    for number, name in enumerate(row, 1):
-        if not name:
-            raise ValueError(
-                f"column {number} of the header row (line {line}) has no name; every column needs a "
-                "distinct, non-empty name: name it in the header row"
-            )
-        if name in seen:
-            raise ValueError(
-                f"columns {seen[name]} and {number} of the header row (line {line}) have the same name, "
-                "so one column's values would be lost; give every column a distinct name in the header row"
-            )
-        seen[name] = number
-
-
 def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
     """Remove and join the problems flagged on lines ``first..last``."""
     found = [bad.pop(n) for n in range(first, last + 1) if n in bad]
     return "; ".join(found) if found else None
-
-
-def generated_names(width: int) -> list[str]:
-    """The column names of a file read with ``header: none``: ``col_1`` .. ``col_{width}``."""
-    return [f"col_{n}" for n in range(1, width + 1)]
 
 
 def read_csv_header(
