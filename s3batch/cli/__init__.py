@@ -46,7 +46,7 @@ from typing import Any, NoReturn
 from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 
-from s3batch.cli import control, jobs, watch
+from s3batch.cli import control, jobs, schedule, watch
 from s3batch.cli.output import EXIT_FAILED, CliError, environment_error, err_out, exit_code, safe_line
 from s3batch.client import ClientError
 from s3batch.errors import S3BatchError
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_report(commands)
     jobs.add_redrive(commands)
     jobs.add_list(commands)
+    schedule.add_schedule(commands)
+    schedule.add_backfill(commands)
     return parser
 
 

@@ -1,0 +1,112 @@
+"""``s3batch schedule create|list|pause|unpause|trigger|delete`` and ``s3batch backfill``: incremental
+jobs started by a Temporal Schedule (see :mod:`s3batch.client.schedules`)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+
+from s3batch.cli.jobs import _add_job_flags, job_from_args
+from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, print_json
+from s3batch.client import connect
+from s3batch.client import schedules as api
+from s3batch.selection import parse_time
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_every(text: str) -> datetime.timedelta:
+    """``30s``, ``15m``, ``1h``, ``1d`` (or a sum: ``1h30m``)."""
+    parts = re.fullmatch(r"(?:\d+[smhd])+", text.strip())
+    if not parts:
+        raise CliError(f"--every {text!r}: give a duration such as 15m, 1h or 1d", EXIT_BAD_INPUT)
+    seconds = sum(int(n) * _UNITS[u] for n, u in re.findall(r"(\d+)([smhd])", text))
+    if seconds < 1:
+        raise CliError(f"--every {text!r}: must be at least 1s", EXIT_BAD_INPUT)
+    return datetime.timedelta(seconds=seconds)
+
+
+async def cmd_create(args: argparse.Namespace) -> int:
+    if (args.every is None) == (args.cron is None):
+        raise CliError("give exactly one of --every (e.g. 1h) or --cron (e.g. '0 * * * *')", EXIT_BAD_INPUT)
+    every = parse_every(args.every) if args.every is not None else None
+    job = job_from_args(args)  # before connecting: bad input never reaches the server
+    client = await connect()
+    await api.create(
+        client, args.name, job, every=every, cron=args.cron, overlap=args.overlap, task_queue=args.task_queue
+    )
+    if args.json:
+        print_json({"schedule_id": api.schedule_id(args.name), "workflow_id": api.run_workflow_id(args.name)})
+    else:
+        print(
+            f"Created schedule {api.schedule_id(args.name)}: each run is job "
+            f"{api.run_workflow_id(args.name)}-<tick time> (overlap: {args.overlap})"
+        )
+    return EXIT_OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    found = await api.list_all(await connect())
+    if args.json:
+        print_json(found)
+        return EXIT_OK
+    for s in found:
+        state = "paused" if s["paused"] else "active"
+        print(f"{s['name']}\t{state}\tnext {(s['next'] or ['-'])[0]}\tlast {(s['recent'] or ['-'])[-1]}")
+    return EXIT_OK
+
+
+async def cmd_action(args: argparse.Namespace) -> int:
+    client = await connect()
+    await getattr(api, args.action)(client, args.name)
+    print(f"{args.action}: schedule {api.schedule_id(args.name)}")
+    return EXIT_OK
+
+
+async def cmd_backfill(args: argparse.Namespace) -> int:
+    try:
+        start, end = parse_time(args.start), parse_time(args.end)
+    except ValueError:
+        raise CliError("--start and --end: ISO 8601 times such as 2026-11-30T08:00:00Z", EXIT_BAD_INPUT) from None
+    if start >= end:
+        raise CliError("--start must be earlier than --end", EXIT_BAD_INPUT)
+    await api.backfill(await connect(), args.name, start, end)
+    print(f"backfill of schedule {api.schedule_id(args.name)} from {start.isoformat()} to {end.isoformat()} requested")
+    return EXIT_OK
+
+
+def add_schedule(commands: argparse._SubParsersAction) -> None:
+    schedule = commands.add_parser("schedule", help="incremental jobs started by a Temporal Schedule")
+    sub = schedule.add_subparsers(dest="schedule_command", required=True)
+    create = sub.add_parser("create", help="start an incremental job every interval or on a cron expression")
+    create.add_argument("name", metavar="NAME", help="the schedule's name (its ID is s3batch-NAME)")
+    create.add_argument("--every", help="interval: 15m, 1h, 1d")
+    create.add_argument("--cron", help="cron expression, e.g. '0 * * * *'")
+    create.add_argument(
+        "--overlap", choices=sorted(api.OVERLAPS), default="skip", help="a tick while a run runs (default: skip)"
+    )
+    create.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
+    create.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_job_flags(create)
+    create.set_defaults(func=cmd_create)
+    listing = sub.add_parser("list", help="the s3batch schedules")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(func=cmd_list)
+    for action, text in (
+        ("pause", "start no run until unpause"),
+        ("unpause", "start runs again"),
+        ("trigger", "start a run now"),
+        ("delete", "delete the schedule (runs started go on)"),
+    ):
+        cmd = sub.add_parser(action, help=text)
+        cmd.add_argument("name", metavar="NAME")
+        cmd.set_defaults(func=cmd_action, action=action)
+
+
+def add_backfill(commands: argparse._SubParsersAction) -> None:
+    backfill = commands.add_parser("backfill", help="run a schedule's ticks of a past time window")
+    backfill.add_argument("name", metavar="NAME", help="the schedule's name")
+    backfill.add_argument("--start", required=True, help="ISO 8601 start of the window")
+    backfill.add_argument("--end", required=True, help="ISO 8601 end of the window")
+    backfill.set_defaults(func=cmd_backfill)

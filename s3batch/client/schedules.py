@@ -1,0 +1,126 @@
+"""Schedules of incremental jobs (issue 16): a Temporal Schedule starts the job on each tick.
+
+Each run's workflow ID is the schedule's (``s3batch-schedule-NAME``) with the tick's time appended by
+Temporal (``s3batch-schedule-NAME-2026-12-01T13:00:00Z``); an incremental job writes under
+``{output_prefix}runs/{that ID}/``. The overlap policy is SKIP by default: a tick while the previous
+run still runs starts nothing. The Web UI shows them under Schedules.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleBackfill,
+    ScheduleHandle,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleState,
+)
+
+from s3batch.config import Settings
+from s3batch.models import S3BatchInput
+
+WORKFLOW = "S3BatchWorkflow"
+OVERLAPS = {p.name.lower(): p for p in ScheduleOverlapPolicy if p.name != "UNSPECIFIED"}
+
+
+def schedule_id(name: str) -> str:
+    return f"s3batch-{name}"
+
+
+def run_workflow_id(name: str) -> str:
+    """The workflow ID the schedule gives its runs (Temporal appends ``-{tick time}``)."""
+    return f"s3batch-schedule-{name}"
+
+
+def incremental(job: S3BatchInput) -> S3BatchInput:
+    """``job`` with ``incremental`` set (``{}``: the default ledger) when it has none: a scheduled job is
+    incremental, or each tick would process the whole prefix again."""
+    if job.incremental is not None:
+        return job
+    return S3BatchInput.model_validate({**job.model_dump(mode="json", exclude_unset=True), "incremental": {}})
+
+
+async def create(
+    client: Client,
+    name: str,
+    job: S3BatchInput,
+    *,
+    every: datetime.timedelta | None = None,
+    cron: str | None = None,
+    overlap: str = "skip",
+    task_queue: str | None = None,
+    paused: bool = False,
+) -> ScheduleHandle:
+    """Create the schedule ``s3batch-NAME`` that starts ``job`` (made incremental) every ``every`` or
+    on the ``cron`` expression."""
+    spec = ScheduleSpec(
+        intervals=[ScheduleIntervalSpec(every=every)] if every is not None else [],
+        cron_expressions=[cron] if cron is not None else [],
+    )
+    action = ScheduleActionStartWorkflow(
+        WORKFLOW,
+        args=[incremental(job).model_dump(mode="json", exclude_unset=True)],
+        id=run_workflow_id(name),
+        task_queue=task_queue or Settings().task_queue,
+    )
+    schedule = Schedule(
+        action=action,
+        spec=spec,
+        policy=SchedulePolicy(overlap=OVERLAPS[overlap]),
+        state=ScheduleState(paused=paused, note="created by s3batch schedule create"),
+    )
+    return await client.create_schedule(schedule_id(name), schedule)
+
+
+async def list_all(client: Client) -> list[dict[str, Any]]:
+    """The s3batch schedules: name, paused, next and recent run times."""
+    found = []
+    async for entry in await client.list_schedules():
+        if not entry.id.startswith("s3batch-"):
+            continue
+        info, schedule = entry.info, entry.schedule
+        recent = [getattr(a.action, "workflow_id", "") for a in (info.recent_actions if info else [])]
+        found.append(
+            {
+                "name": entry.id.removeprefix("s3batch-"),
+                "id": entry.id,
+                "paused": bool(schedule and schedule.state.paused),
+                "next": [t.isoformat() for t in (info.next_action_times if info else [])][:1],
+                "recent": recent[-3:],
+            }
+        )
+    return found
+
+
+async def pause(client: Client, name: str, note: str = "paused by s3batch") -> None:
+    await client.get_schedule_handle(schedule_id(name)).pause(note=note)
+
+
+async def unpause(client: Client, name: str, note: str = "unpaused by s3batch") -> None:
+    await client.get_schedule_handle(schedule_id(name)).unpause(note=note)
+
+
+async def trigger(client: Client, name: str) -> None:
+    """Start a run now (under the schedule's overlap policy)."""
+    await client.get_schedule_handle(schedule_id(name)).trigger()
+
+
+async def delete(client: Client, name: str) -> None:
+    """Delete the schedule (runs already started go on)."""
+    await client.get_schedule_handle(schedule_id(name)).delete()
+
+
+async def backfill(client: Client, name: str, start: datetime.datetime, end: datetime.datetime) -> None:
+    """Run the ticks the schedule would have had between ``start`` and ``end`` (all of them, one after
+    the other: overlap BUFFER_ALL), e.g. after a pause. Each is an incremental run of the ledger."""
+    await client.get_schedule_handle(schedule_id(name)).backfill(
+        ScheduleBackfill(start_at=start, end_at=end, overlap=ScheduleOverlapPolicy.BUFFER_ALL)
+    )
