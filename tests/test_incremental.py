@@ -184,3 +184,22 @@ def test_ledger_stays_bounded(runs: int):
     assert sizes[0] > 200_000  # the first run remembers its objects of the last 15 minutes (half of them)
     assert len(ledger.near) == 200  # afterwards: the last run's objects, all within its window
     assert max(sizes[1:]) < 40_000 and sizes[-1] - sizes[25] < 2_000, sizes
+
+
+async def test_run_resumes_across_continue_as_new(client: Client, worker: Worker, task_queue: str, s3: Any, buckets):
+    """A first run over a prefix continues as new (2 files per run here) like any job: every run of it
+    writes under the same run prefix (from the job as given, not prefixed again), and the ledger records all."""
+    src, out = buckets
+    put_files(s3, src, {f"in/c{i}.jsonl": f'{{"c": {i}}}\n'.encode() for i in range(5)})
+    job = _job(src, out, handler="passthrough", group_max_files=1)
+    job_id = new_id("inc-can")
+    handle = await client.start_workflow(
+        S3BatchWorkflow.run, args=[job, {"files_per_run": 2}], id=job_id, task_queue=task_queue
+    )
+    result = await handle.result()
+    assert result.totals.files_succeeded == 5
+    assert (await client.get_workflow_handle(job_id).describe()).run_id != handle.run_id  # it continued as new
+    assert sorted(_processed(s3, out, job_id)) == [f"in/c{i}.jsonl" for i in range(5)]
+    ledger = _ledger(s3, out)
+    assert ledger["last_run"] == job_id and ledger["runs"][-1]["new"] == 5 and len(ledger["near"]) == 5
+    assert not [k for k in list_keys(s3, out, "inc/runs/") if "/runs/" in k[len("inc/runs/") :]]
