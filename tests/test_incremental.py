@@ -203,3 +203,35 @@ async def test_run_resumes_across_continue_as_new(client: Client, worker: Worker
     ledger = _ledger(s3, out)
     assert ledger["last_run"] == job_id and ledger["runs"][-1]["new"] == 5 and len(ledger["near"]) == 5
     assert not [k for k in list_keys(s3, out, "inc/runs/") if "/runs/" in k[len("inc/runs/") :]]
+
+
+async def test_cancelled_run_leaves_the_rest_to_the_next(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    """A run cancelled midway records the files it finished; the next run processes exactly the others."""
+    import tests.slow_handlers  # noqa: F401  (registers slow_passthrough)
+    from tests.helpers.data import make_csv
+    from tests.helpers.jobs import until
+
+    src, out = buckets
+    put_files(s3, src, {f"in/s{i}.csv": make_csv(1000) for i in range(6)})
+    job = _job(src, out, handler="slow_passthrough", chunk_records=100, group_max_files=1, max_concurrent_files=1)
+    first_id = new_id("inc-cancel")
+    handle = await client.start_workflow(S3BatchWorkflow.run, job, id=first_id, task_queue=task_queue)
+    await until(lambda p: p.files_succeeded >= 2, handle)
+    await handle.cancel()
+    await wait_for_end(handle)
+    report_key = f"{run_output_prefix('inc/', first_id)}_report.json"
+    report = json.loads(s3.get_object(Bucket=out, Key=report_key)["Body"].read())
+    succeeded = {f["key"] for f in report["files"] if f["status"] == "succeeded"}
+    ledger = _ledger(s3, out)
+    assert report["status"] == "cancelled" and len(succeeded) >= 2
+    assert set(ledger["near"]) == succeeded and set(ledger["retry"]) == {f"in/s{i}.csv" for i in range(6)} - succeeded
+    second = await _run_job(client, task_queue, s3, out, job.model_copy(update={"handler": "passthrough"}))
+    assert set(second) == set(ledger["retry"])  # exactly the files the cancelled run did not finish
+    assert _ledger(s3, out)["retry"] == {}
+
+
+async def wait_for_end(handle: Any) -> None:
+    with contextlib.suppress(Exception):
+        await handle.result()
