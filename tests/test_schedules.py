@@ -30,7 +30,7 @@ async def test_schedule_commands_start_incremental_runs(
     name = f"hourly-{uuid.uuid4().hex[:6]}"
     created = await run(
         "s3batch", "schedule", "create", name, "--every", "1h", "--task-queue", task_queue,
-        "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "o/", "--json",
+        "--input", json.dumps({"bucket": src, "prefix": "in/", "output_bucket": out, "output_prefix": "o/"}), "--json",
     )
     assert created.code == 0, created.stderr
     ids = json.loads(created.stdout)
@@ -55,6 +55,14 @@ async def test_schedule_commands_start_incremental_runs(
         assert (await run("s3batch", "schedule", "delete", name)).code == 0
     gone = await run("temporal", "schedule", "list", "-o", "json")
     assert f"s3batch-{name}" not in gone.stdout
+
+
+async def test_schedule_create_refuses_bad_input_locally(client: Client):
+    bad = await run("s3batch", "schedule", "create", "x", "--every", "1h", "--input", '{"bucket": "src-x"}')
+    assert bad.code == 2 and "output_bucket" in bad.stderr, bad
+    neither = await run("s3batch", "schedule", "create", "x", "--bucket", "src-x", "--output-bucket", "out-x")
+    assert neither.code == 2 and "--every" in neither.stderr, neither
+    assert "s3batch-x" not in (await run("temporal", "schedule", "list", "-o", "json")).stdout
 
 
 async def test_temporal_cli_schedule_create_as_in_the_readme(

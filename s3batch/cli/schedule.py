@@ -7,11 +7,15 @@ import argparse
 import datetime
 import re
 
+from pydantic import ValidationError
+
 from s3batch.cli.jobs import _add_job_flags, job_from_args
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, print_json
 from s3batch.client import connect
 from s3batch.client import schedules as api
+from s3batch.models import S3BatchInput
 from s3batch.selection import parse_time
+from s3batch.validation import describe_validation_error
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -27,11 +31,23 @@ def parse_every(text: str) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def _job(args: argparse.Namespace) -> S3BatchInput:
+    """The job of ``--input JSON`` (strict, as a workflow input) or of the job flags."""
+    if args.input is None:
+        return job_from_args(args)
+    try:
+        return S3BatchInput.model_validate_json(args.input)
+    except ValidationError as err:
+        raise CliError(
+            f"invalid job input: {describe_validation_error(err, what='input')} (nothing was created)", EXIT_BAD_INPUT
+        ) from None
+
+
 async def cmd_create(args: argparse.Namespace) -> int:
     if (args.every is None) == (args.cron is None):
         raise CliError("give exactly one of --every (e.g. 1h) or --cron (e.g. '0 * * * *')", EXIT_BAD_INPUT)
     every = parse_every(args.every) if args.every is not None else None
-    job = job_from_args(args)  # before connecting: bad input never reaches the server
+    job = _job(args)  # before connecting: bad input never reaches the server
     client = await connect()
     await api.create(
         client, args.name, job, every=every, cron=args.cron, overlap=args.overlap, task_queue=args.task_queue
@@ -88,6 +104,7 @@ def add_schedule(commands: argparse._SubParsersAction) -> None:
     )
     create.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
     create.add_argument("--json", action="store_true", help="machine-readable output")
+    create.add_argument("--input", metavar="JSON", help="the job as JSON (instead of the job flags)")
     _add_job_flags(create)
     create.set_defaults(func=cmd_create)
     listing = sub.add_parser("list", help="the s3batch schedules")
