@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_s3 import S3Client
 
-    from s3batch.sinks.postgres import PostgresPools
+    from s3batch.sinks.postgres_pools import PostgresPools
 
 BEAT_INTERVAL = 1.0
 """Seconds between two heartbeat calls of one file (see ``FileJob._beat``)."""

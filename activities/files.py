@@ -23,7 +23,7 @@ from s3batch.s3io import any_object, check_allowed, raise_s3_error, strip_etag
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from s3batch.sinks.postgres import PostgresPools
+    from s3batch.sinks.postgres_pools import PostgresPools
 
 
 def process_file(

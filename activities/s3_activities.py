@@ -47,7 +47,7 @@ from s3batch.sinks.spec import PostgresSink
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
-    from s3batch.sinks.postgres import PostgresPools
+    from s3batch.sinks.postgres_pools import PostgresPools
 
 
 class S3Activities:
@@ -73,7 +73,7 @@ class S3Activities:
     def pools(self) -> PostgresPools:
         """The worker's PostgreSQL pools, one per connection name (``postgres`` sinks; built on first use)."""
         if self._pools is None:
-            from s3batch.sinks.postgres import PostgresPools
+            from s3batch.sinks.postgres_pools import PostgresPools
 
             self._pools = PostgresPools(self.settings, max_size=self.settings.max_concurrent_files)
         return self._pools
@@ -101,7 +101,7 @@ class S3Activities:
             self._report_location(job.only_failed_of)
         check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
         if isinstance(job.sink, PostgresSink):
-            from s3batch.sinks.postgres import check_sink
+            from s3batch.sinks.postgres_pools import check_sink
 
             check_sink(job.sink, self.pools)  # a connection this worker lacks, a missing table: fail at start
         try:

@@ -26,7 +26,8 @@ from s3batch.jsonvalues import encode_json
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
-from s3batch.sinks.postgres import PostgresOutput, PostgresPools
+from s3batch.sinks.postgres import PostgresOutput
+from s3batch.sinks.postgres_pools import PostgresPools
 from s3batch.sinks.spec import PostgresSink
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_invalid_input

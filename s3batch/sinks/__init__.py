@@ -17,7 +17,7 @@ from s3batch.sinks.spec import PostgresSink, S3Sink
 
 if TYPE_CHECKING:
     from s3batch.checkpoint import Checkpoint, FileOutput
-    from s3batch.sinks.postgres import PostgresPools
+    from s3batch.sinks.postgres_pools import PostgresPools
 
 
 class Sink(Protocol):
@@ -84,6 +84,7 @@ def open_sink(
 
             return ParquetOutput.of(output)
         return output
-    from s3batch.sinks.postgres import PostgresOutput, pools_or_default
+    from s3batch.sinks.postgres import PostgresOutput
+    from s3batch.sinks.postgres_pools import pools_or_default
 
     return PostgresOutput(spec, output, pools_or_default(pools), job_id=job_id, bucket=bucket, where=where)

@@ -24,227 +24,25 @@ and never enters the job's history or heartbeats. One pool per connection name p
 from __future__ import annotations
 
 import hashlib
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.adapt import Dumper
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
+from s3batch.sinks.postgres_pools import PostgresPools, checkpoint_table, database_error
 from s3batch.sinks.rows import decoded, field_names
 from s3batch.sinks.spec import PostgresSink
 
-if TYPE_CHECKING:
-    from s3batch.config import Settings
-
-COLUMNS_TTL = 30.0
-"""Seconds a table's columns are reused before they are looked up again (a column added meanwhile is
-then seen; a file whose output names a column the cache lacks looks again at once)."""
-
-CHECKPOINT_TABLE = "s3batch_checkpoints"
-"""The table of the files' checkpoints, created in the target table's schema when missing."""
-
 _REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
 """What the database raises for a row it refuses (SQLSTATE classes 22 and 23): such rows are rejects."""
-
-_CHECKPOINT_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    target text NOT NULL,
-    source_bucket text NOT NULL,
-    source_key text NOT NULL,
-    job_id text NOT NULL,
-    etag text NOT NULL,
-    version_id text,
-    fingerprint text NOT NULL,
-    chunk integer NOT NULL,
-    next_record bigint NOT NULL,
-    byte_offset bigint,
-    done boolean NOT NULL,
-    checkpoint jsonb NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (target, source_bucket, source_key)
-)
-"""
-
-
-class PostgresPools:
-    """The worker's connection pools, one per connection name (opened on first use).
-
-    Args:
-        settings: Where the DSNs come from (``Settings.postgres_dsn``).
-        max_size: Connections per pool at most (the worker's activity slots).
-    """
-
-    def __init__(self, settings: Settings, max_size: int = 8) -> None:
-        self.settings = settings
-        self.max_size = max_size
-        self._pools: dict[str, ConnectionPool[Any]] = {}
-        self._lock = threading.Lock()
-        self._columns: dict[tuple[str, str], tuple[float, list[str]]] = {}
-
-    def columns(self, spec: PostgresSink, *, fresh: bool = False) -> list[str]:
-        """The target table's columns (:func:`table_columns`), looked up at most every
-        :data:`COLUMNS_TTL` seconds per connection and table (a group of small files asks once).
-
-        Raises:
-            SinkInvalid: Unknown connection, missing table or key columns.
-            SinkError: The database cannot be reached.
-        """
-        cache_key = (spec.connection, spec.table)
-        found = self._columns.get(cache_key)
-        if found is not None and not fresh and time.monotonic() - found[0] < COLUMNS_TTL:
-            return found[1]
-        try:
-            with self.pool(spec.connection).connection() as conn:
-                columns = table_columns(conn, spec)
-        except (psycopg.Error, PoolTimeout) as err:
-            raise _database_error(err, "opening", spec) from None
-        self._columns[cache_key] = (time.monotonic(), columns)
-        return columns
-
-    def pool(self, name: str) -> ConnectionPool[Any]:
-        """The pool of connection ``name``.
-
-        Raises:
-            SinkInvalid: The worker has no DSN for ``name`` (or cannot read its DSN file).
-        """
-        with self._lock:
-            found = self._pools.get(name)
-            if found is not None:
-                return found
-            variable = f"S3BATCH_POSTGRES_{name.upper()}_DSN"
-            try:
-                dsn = self.settings.postgres_dsn(name)
-            except OSError as err:
-                raise SinkInvalid(
-                    f"the sink's PostgreSQL connection {name!r}: cannot read the file {variable}_FILE names "
-                    f"({type(err).__name__}); fix the worker's environment"
-                ) from None
-            if not dsn:
-                raise SinkInvalid(
-                    f"the sink names PostgreSQL connection {name!r}, which this worker does not have: set "
-                    f"{variable} (or {variable}_FILE, a file holding the DSN) in the workers' environment, "
-                    "or name another connection"
-                )
-            pool: ConnectionPool[Any] = ConnectionPool(
-                dsn,
-                min_size=1,
-                max_size=self.max_size,
-                open=True,
-                name=f"s3batch-{name}",
-                timeout=30,
-                configure=_configure,
-            )
-            self._pools[name] = pool
-            return pool
-
-    def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.close()
-
-
-def pools_or_default(pools: PostgresPools | None) -> PostgresPools:
-    if pools is None:
-        raise SinkInvalid("a PostgreSQL sink needs the worker's pools (S3Activities.pools); none were given")
-    return pools
-
-
-def _database_error(err: BaseException, doing: str, spec: PostgresSink) -> SinkError:
-    """A database failure as a retryable ``SinkError`` (SQLSTATE and class, never the server's text,
-    which may quote values)."""
-    state = getattr(getattr(err, "diag", None), "sqlstate", None)
-    code = f", SQLSTATE {state}" if state else ""
-    return SinkError(
-        f"PostgreSQL connection {spec.connection!r} failed while {doing} table {spec.table} "
-        f"({type(err).__name__}{code}); the chunk was not committed and is retried from the database's checkpoint"
-    )
-
-
-def _checkpoint_table(spec: PostgresSink) -> sql.Composed:
-    return sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(CHECKPOINT_TABLE))
-
-
-def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str]:
-    """The columns of the target table, in order; creates the checkpoint table when missing.
-
-    Raises:
-        SinkInvalid: The table does not exist, or the upsert key names a column it lacks.
-    """
-    rows = conn.execute(
-        "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (spec.schema_name, spec.table_name),
-    ).fetchall()
-    if not rows:
-        raise SinkInvalid(
-            f"the sink's table {spec.schema_name}.{spec.table_name} does not exist in the database of connection "
-            f"{spec.connection!r}: create it first (s3batch writes rows into an existing table)"
-        )
-    columns = [r[0] for r in rows]
-    missing = [k for k in spec.key or () if k not in columns]
-    if missing:
-        raise SinkInvalid(
-            f"the sink's upsert key names columns that table {spec.schema_name}.{spec.table_name} lacks: "
-            f"{', '.join(missing)} (it has {', '.join(columns)})"
-        )
-    if spec.key and not _has_unique_index(conn, spec):
-        raise SinkInvalid(
-            f"the sink's upsert key ({', '.join(spec.key)}) is not a primary key or unique index of table "
-            f"{spec.schema_name}.{spec.table_name}: ON CONFLICT needs one; add it, or use mode 'insert'"
-        )
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL(_CHECKPOINT_DDL).format(table=_checkpoint_table(spec)))
-    except psycopg.errors.UniqueViolation:
-        pass  # created at the same moment by another worker
-    return columns
-
-
-def _has_unique_index(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool:
-    """Whether the table has a primary key or unique index on exactly the upsert key's columns."""
-    row = conn.execute(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s AND i.indisunique AND i.indpred IS NULL AND ("
-        "SELECT string_agg(a.attname::text, ',' ORDER BY a.attname::text COLLATE \"C\") FROM pg_attribute a "
-        "WHERE a.attrelid = c.oid AND a.attnum = ANY(i.indkey)) = %s LIMIT 1",
-        (spec.schema_name, spec.table_name, ",".join(sorted(spec.key or []))),
-    ).fetchone()
-    return row is not None
-
-
-def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
-    """At the start of a job: the connection is known and reachable, the table exists.
-
-    Raises:
-        SinkInvalid: Unknown connection, missing table or key columns.
-        SinkError: The database cannot be reached.
-    """
-    pools.columns(spec)
-
-
-class _JsonText(Dumper):
-    """Objects and arrays of the handler's output as their JSON text (for json/jsonb/text columns)."""
-
-    def dump(self, obj: Any) -> bytes:
-        return encode_json(obj)
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Each pooled connection: JSON objects and arrays are given to ``COPY`` as JSON text."""
-    conn.adapters.register_dumper(dict, _JsonText)
-    conn.adapters.register_dumper(list, _JsonText)
 
 
 class PostgresOutput:
@@ -274,7 +72,7 @@ class PostgresOutput:
         self._pools = pools
         self.columns = pools.columns(spec)
         self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
-        self._checkpoints = _checkpoint_table(spec)
+        self._checkpoints = checkpoint_table(spec)
         self._row_key = (self.target, bucket, output.key)
 
     def is_ours(self, cp: Checkpoint) -> bool:
@@ -293,7 +91,7 @@ class PostgresOutput:
                     self._row_key,
                 ).fetchone()
         except (psycopg.Error, PoolTimeout) as err:
-            raise _database_error(err, "reading the checkpoint of", self.spec) from None
+            raise database_error(err, "reading the checkpoint of", self.spec) from None
         if row is None or row[0] is None:
             return start
         cp = Checkpoint.model_validate(row[0])
@@ -323,7 +121,7 @@ class PostgresOutput:
                 self.output.write_rejects(cp.chunk, new, rejects)
                 self._advance(conn, new)
         except (psycopg.Error, PoolTimeout) as err:
-            raise _database_error(err, "writing", self.spec) from None
+            raise database_error(err, "writing", self.spec) from None
         return new
 
     def _columns_of(self, values: list[Any]) -> list[str]:
