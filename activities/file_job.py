@@ -12,23 +12,23 @@ import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from s3batch.activities.file_setup import FileMetrics, check_key_length, open_file_sink
 from s3batch.activities.handling import HandlerRun
 from temporalio import activity
 
 from s3batch import layout
-from s3batch.checkpoint import Checkpoint, FileOutput, HeartbeatDetails, fingerprint
+from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
-from s3batch.errors import OutputKeyTooLong, WorkerShutdown
+from s3batch.errors import WorkerShutdown
 from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
-from s3batch.formats.compression import MAX_RATIO, CorruptCompressed
+from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
-from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder, sse_params
-from s3batch.sinks import Sink, open_sink
+from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -43,23 +43,6 @@ BEAT_INTERVAL = 1.0
 # Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
 # and checks for cancellation, so a big chunk is never mistaken for a dead worker.
 _SUB_BATCH = 1_000
-
-
-class _Metrics:
-    """The project's own metrics, next to the SDK's (exported by the worker's Prometheus endpoint)."""
-
-    def __init__(self, handler: str) -> None:
-        meter = activity.metric_meter().with_additional_attributes({"handler": handler})
-        self.records = meter.create_counter("s3batch_records_processed", "Records read and handled", "records")
-        self.rejected = meter.create_counter("s3batch_records_rejected", "Records sent to rejects", "records")
-        self.bytes_read = meter.create_counter("s3batch_bytes_read", "Source bytes consumed", "bytes")
-        self.chunks = meter.create_counter("s3batch_chunks_committed", "Parts written with their checkpoint")
-        self.resumes = meter.create_counter("s3batch_resumes", "File attempts that resumed from a checkpoint")
-        self.checkpoint_age = meter.create_histogram_float(
-            "s3batch_checkpoint_age_seconds",
-            "Age of a file's previous checkpoint when the next one is committed",
-            "s",
-        )
 
 
 def _take(records: Iterator[Record], parser: Parser, want: int, until: int) -> list[Record]:
@@ -114,7 +97,7 @@ class FileJob:
         self.info = activity.info()
         self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
         # Only a registered handler's name becomes a metrics label.
-        self.metrics = _Metrics(req.handler)
+        self.metrics = FileMetrics(req.handler)
         self.fmt, self.compression = resolve_format(req.obj.key, req.format)
         self.gz = self.compression is not None
         """Compressed (gzip, zstd or bzip2): read from the start, no byte offsets."""
@@ -133,61 +116,16 @@ class FileJob:
             max_record_bytes=req.max_record_bytes,
             reading=self.reading,
         )
-        self.output = self._output(settings, pools)
+        self.output = open_file_sink(
+            s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
+        )
         self.dir = self.output.dir
-        self._check_key_length()
+        check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None
         """The last checkpoint this attempt committed or found committed."""
         self._source_checked = False
         self.resumed_from = 0
         """``next_record`` this attempt started from."""
-
-    def _output(self, settings: Settings, pools: PostgresPools | None) -> Sink:
-        """The file's sink (by default its S3 output folder), for this source version and these options."""
-        req = self.req
-        shape = fingerprint(
-            # Before the JSON reader, a .json file under format auto was read as JSON Lines; the JSON
-            # reader reads JSON Lines content the same, so their committed parts keep their fingerprint
-            # (what differs, a one-line array once read as one record, is one chunk: never resumed).
-            fmt="jsonl" if self.fmt == "json" and req.format == "auto" else self.fmt,
-            compression=self.compression,
-            handler=req.handler,
-            chunk_records=req.chunk_records,
-            max_record_bytes=req.max_record_bytes,
-            reading=self.reading.changed(),
-            sink=req.sink.shape() if req.sink is not None else None,
-        )
-        folder = FileOutput(
-            self.s3,
-            bucket=req.output_bucket,
-            output_prefix=req.output_prefix,
-            key=req.obj.key,
-            etag=req.obj.etag,
-            fingerprint=shape,
-            secret=settings.checkpoint_secret.get_secret_value().encode() or None,
-            put_params=sse_params(settings),
-            log_extra=self.log_extra,
-        )
-        return open_sink(req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=self.where)
-
-    def _check_key_length(self) -> None:
-        """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
-        otherwise it would fail at the first chunk with rejects, after writing parts."""
-        # Records are at least one byte each, and decompression expands at most MAX_RATIO times.
-        max_records = self.obj.size * (MAX_RATIO[self.compression] if self.compression else 1) + 1
-        # A chunk holds at least one record and may end before chunk_records at the byte budget
-        # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
-        max_chunks = max_records
-        longest = layout.longest_output_key(self.req.output_prefix, self.obj.key, max_chunks)
-        size = len(longest.encode())
-        if size > layout.MAX_KEY_BYTES:
-            raise OutputKeyTooLong(
-                f"the output keys of {self.where} would be up to {size} bytes, over S3's limit of "
-                f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(self.req.output_prefix.encode())} bytes, "
-                f"the source key: {len(layout.encode_key(self.obj.key).encode())} bytes as written, then "
-                f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
-                "Nothing was written for this file."
-            )
 
     # ---------------------------------------------------------------- resume and result
 

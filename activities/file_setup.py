@@ -1,0 +1,101 @@
+"""A file's attempt before it reads: its metrics, its sink (for this source version and these options)
+and the check that its output keys fit S3's limit. Used by :class:`~s3batch.activities.file_job.FileJob`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from temporalio import activity
+
+from s3batch import layout
+from s3batch.checkpoint import FileOutput, fingerprint
+from s3batch.errors import OutputKeyTooLong
+from s3batch.formats.compression import MAX_RATIO
+from s3batch.s3io import sse_params
+from s3batch.sinks import Sink, open_sink
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+    from s3batch.config import Settings
+    from s3batch.formats.common import ParsedFormat
+    from s3batch.formats.compression import Compression
+    from s3batch.messages import ProcessFileInput
+    from s3batch.reading import Reading
+    from s3batch.sinks.postgres_pools import PostgresPools
+
+
+class FileMetrics:
+    """The project's own metrics, next to the SDK's (exported by the worker's Prometheus endpoint)."""
+
+    def __init__(self, handler: str) -> None:
+        meter = activity.metric_meter().with_additional_attributes({"handler": handler})
+        self.records = meter.create_counter("s3batch_records_processed", "Records read and handled", "records")
+        self.rejected = meter.create_counter("s3batch_records_rejected", "Records sent to rejects", "records")
+        self.bytes_read = meter.create_counter("s3batch_bytes_read", "Source bytes consumed", "bytes")
+        self.chunks = meter.create_counter("s3batch_chunks_committed", "Parts written with their checkpoint")
+        self.resumes = meter.create_counter("s3batch_resumes", "File attempts that resumed from a checkpoint")
+        self.checkpoint_age = meter.create_histogram_float(
+            "s3batch_checkpoint_age_seconds",
+            "Age of a file's previous checkpoint when the next one is committed",
+            "s",
+        )
+
+
+def open_file_sink(
+    s3: S3Client,
+    settings: Settings,
+    req: ProcessFileInput,
+    fmt: ParsedFormat,
+    compression: Compression | None,
+    reading: Reading,
+    where: str,
+    log_extra: dict[str, str],
+    pools: PostgresPools | None,
+) -> Sink:
+    """The file's sink (by default its S3 output folder), for this source version and these options."""
+    shape = fingerprint(
+        # Before the JSON reader, a .json file under format auto was read as JSON Lines; the JSON
+        # reader reads JSON Lines content the same, so their committed parts keep their fingerprint
+        # (what differs, a one-line array once read as one record, is one chunk: never resumed).
+        fmt="jsonl" if fmt == "json" and req.format == "auto" else fmt,
+        compression=compression,
+        handler=req.handler,
+        chunk_records=req.chunk_records,
+        max_record_bytes=req.max_record_bytes,
+        reading=reading.changed(),
+        sink=req.sink.shape() if req.sink is not None else None,
+    )
+    folder = FileOutput(
+        s3,
+        bucket=req.output_bucket,
+        output_prefix=req.output_prefix,
+        key=req.obj.key,
+        etag=req.obj.etag,
+        fingerprint=shape,
+        secret=settings.checkpoint_secret.get_secret_value().encode() or None,
+        put_params=sse_params(settings),
+        log_extra=log_extra,
+    )
+    return open_sink(req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=where)
+
+
+def check_key_length(req: ProcessFileInput, compression: Compression | None, where: str) -> None:
+    """Fail at once when the longest key this file can write is over S3's limit (1,024 bytes):
+    otherwise it would fail at the first chunk with rejects, after writing parts."""
+    # Records are at least one byte each, and decompression expands at most MAX_RATIO times.
+    max_records = req.obj.size * (MAX_RATIO[compression] if compression else 1) + 1
+    # A chunk holds at least one record and may end before chunk_records at the byte budget
+    # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
+    max_chunks = max_records
+    longest = layout.longest_output_key(req.output_prefix, req.obj.key, max_chunks)
+    size = len(longest.encode())
+    if size > layout.MAX_KEY_BYTES:
+        raise OutputKeyTooLong(
+            f"the output keys of {where} would be up to {size} bytes, over S3's limit of "
+            f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(req.output_prefix.encode())} bytes, "
+            f"the source key: {len(layout.encode_key(req.obj.key).encode())} bytes as written, then "
+            f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
+            "Nothing was written for this file."
+        )
