@@ -16,7 +16,9 @@ Control, by workflow updates (so ``temporal workflow update execute --name pause
   next chunk boundary (after their checkpoint) and waited for, the report is written with them as
   ``cancelled``, and the workflow then ends as cancelled.
 
-This module holds the workflow's control flow and every command it issues; the rest is pure:
+This module holds the workflow's control flow and its commands, but for two steps:
+:mod:`~s3batch.workflows.ledger` (an incremental job's listing and ledger) and
+:mod:`~s3batch.workflows.report` (the report, and why a finished job fails). The rest is pure:
 :mod:`~s3batch.workflows.inputs` validates its arguments, :mod:`~s3batch.workflows.schedule` builds
 activity options and inputs and groups small files, :mod:`~s3batch.workflows.books` keeps the job's
 books, :mod:`~s3batch.workflows.status` renders its details, progress and search attributes.
@@ -34,18 +36,18 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
     from s3batch.workflows.books import Books, cancelled_result, completed_anyway, failed_result
     from s3batch.workflows.inputs import parse_job, parse_state
+    from s3batch.workflows.ledger import list_incremental_page, write_ledger
+    from s3batch.workflows.report import job_failure, write_report
     from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT, file_activity_options, file_input, next_group
     from s3batch.workflows.status import SearchIndex, details, job_progress, source_of
 
     from s3batch import search_attributes as sa
     from s3batch.accounting import combine, key_digest
-    from s3batch.errors import ACCOUNTING_ERROR, TOO_MANY_REJECTS
-    from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri, run_output_prefix
+    from s3batch.errors import TOO_MANY_REJECTS
+    from s3batch.incremental import run_output_prefix
     from s3batch.messages import (
         FileResult,
-        FinalReportInput,
         ListObjectsInput,
-        ListObjectsResult,
         ObjectRef,
         ProcessGroupInput,
         Progress,
@@ -200,8 +202,8 @@ class S3BatchWorkflow:
             self._state.totals.files_not_started,
         )
         self._books.check()
-        key = await self._write_report(spec, "cancelled")
-        await self._write_ledger(spec, "cancelled", key)
+        key = await write_report(spec, self._state, "cancelled", self._books.results)
+        await write_ledger(spec, self._given or spec, "cancelled", key, listing_done=self._state.listing_done)
         self._update_details(final="cancelled")
         await workflow.wait_condition(workflow.all_handlers_finished)
 
@@ -223,8 +225,8 @@ class S3BatchWorkflow:
         self._stopping = True
         await self._stop_files()
         self._books.check()
-        key = await self._write_report(spec, "failed")
-        await self._write_ledger(spec, "failed", key)
+        key = await write_report(spec, self._state, "failed", self._books.results)
+        await write_ledger(spec, self._given or spec, "failed", key, listing_done=self._state.listing_done)
         self._update_details(final="failed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         raise ApplicationError(
@@ -234,20 +236,23 @@ class S3BatchWorkflow:
     async def _list_next_page(self) -> None:
         st = self._state
         spec = self._spec
-        page = await self._list_page(spec) if spec.incremental is not None else await workflow.execute_activity_method(
-            S3Activities.list_objects,
-            ListObjectsInput(
-                bucket=spec.bucket,
-                prefix=spec.prefix,
-                continuation_token=st.continuation_token,
-                page_size=LIST_PAGE_SIZE,
-                report=spec.only_failed_of,
-                manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
-                selection=spec.selection() if spec.selection().active else None,
-            ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=SHORT_RETRY,
-        )
+        if spec.incremental is not None:
+            page = await list_incremental_page(spec, self._given or spec, st.continuation_token, LIST_PAGE_SIZE)
+        else:
+            page = await workflow.execute_activity_method(
+                S3Activities.list_objects,
+                ListObjectsInput(
+                    bucket=spec.bucket,
+                    prefix=spec.prefix,
+                    continuation_token=st.continuation_token,
+                    page_size=LIST_PAGE_SIZE,
+                    report=spec.only_failed_of,
+                    manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
+                    selection=spec.selection() if spec.selection().active else None,
+                ),
+                start_to_close_timeout=SHORT_TIMEOUT,
+                retry_policy=SHORT_RETRY,
+            )
         if workflow.patched(KEEP_REQUEUED_FILES):
             # A failed group's files may have been put back while this page was being listed.
             st.pending.extend(page.objects)
@@ -261,49 +266,6 @@ class S3BatchWorkflow:
         st.listing_done = page.next_token is None
         st.totals.files_listed += len(page.objects)
         self._update_details()
-
-    async def _list_page(self, spec: S3BatchInput) -> ListObjectsResult:
-        """A page of an incremental job's listing, cut by its ledger (see ``s3batch.incremental``)."""
-        assert spec.incremental is not None
-        given = self._given or spec
-        return await workflow.execute_activity_method(
-            S3Activities.list_incremental,
-            ListIncrementalInput(
-                bucket=spec.bucket,
-                prefix=spec.prefix,
-                continuation_token=self._state.continuation_token,
-                page_size=LIST_PAGE_SIZE,
-                selection=spec.selection() if spec.selection().active else None,
-                ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
-                window_seconds=spec.incremental.window_seconds,
-                output_bucket=spec.output_bucket,
-                output_prefix=spec.output_prefix,
-            ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=SHORT_RETRY,
-        )
-
-    async def _write_ledger(self, spec: S3BatchInput, status: JobStatus, report_key: str) -> None:
-        """After the report of an incremental job: advance its ledger over the files that succeeded."""
-        if spec.incremental is None:
-            return
-        given = self._given or spec
-        await workflow.execute_activity_method(
-            S3Activities.write_ledger,
-            WriteLedgerInput(
-                ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
-                run_id=workflow.info().workflow_id,
-                source=f"s3://{spec.bucket}/{spec.prefix}",
-                window_seconds=spec.incremental.window_seconds,
-                output_bucket=spec.output_bucket,
-                output_prefix=spec.output_prefix,
-                report_key=report_key,
-                status=status,
-                listing_done=self._state.listing_done,
-            ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=SHORT_RETRY,
-        )
 
     def _start_file_activity(self, group: list[ObjectRef]) -> workflow.ActivityHandle[Any]:
         options = file_activity_options(self._spec)
@@ -379,60 +341,19 @@ class S3BatchWorkflow:
         given = self._given or spec
         workflow.continue_as_new(args=[given.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")])
 
-    async def _write_report(self, spec: S3BatchInput, status: JobStatus) -> str:
-        st = self._state
-        try:
-            return await workflow.execute_activity_method(
-                S3Activities.write_report,
-                FinalReportInput(
-                    job_id=workflow.info().workflow_id,
-                    job=JobSpec.of(spec),
-                    status=status,
-                    totals=st.totals,
-                    segments=st.report_segments,
-                    files=self._books.results,
-                    listed_digest=st.listed_digest,
-                    listing_done=st.listing_done,
-                    last_listed_key=st.last_listed_key,
-                    continuation_token=None if st.listing_done else st.continuation_token,
-                ),
-                start_to_close_timeout=SHORT_TIMEOUT,
-                retry_policy=SHORT_RETRY,
-            )
-        except ActivityError as err:
-            # The report was written but does not hold every listed key exactly once: the job fails
-            # with the report's own error, not as a generic activity failure.
-            cause = err.cause
-            if isinstance(cause, ApplicationError) and cause.type == ACCOUNTING_ERROR:
-                raise ApplicationError(cause.message, type=ACCOUNTING_ERROR, non_retryable=True) from None
-            raise
-
     async def _finish(self) -> S3BatchResult:
         st = self._state
         spec = self._spec
         failed = st.totals.files_failed > spec.max_failed_files
         empty = spec.fail_if_empty and st.totals.files_listed == 0 and workflow.patched(FAIL_IF_EMPTY)
         status: JobStatus = "failed" if failed or empty else "succeeded"
-        key = await self._write_report(spec, status)
-        await self._write_ledger(spec, status, key)
+        key = await write_report(spec, self._state, status, self._books.results)
+        await write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done)
         self._update_details(final=status)
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if empty:
-            raise ApplicationError(
-                f"no file matched s3://{spec.bucket}/{spec.prefix} (fail_if_empty): check the bucket and prefix "
-                f"(a prefix is the start of the keys, e.g. 'incoming/2026-11-30/'). The report at "
-                f"s3://{spec.output_bucket}/{key} says the same.",
-                type="EmptyPrefix",
-                non_retryable=True,
-            )
-        if failed:
-            raise ApplicationError(
-                f"{st.totals.files_failed} of {st.totals.files_listed} files failed (max_failed_files="
-                f"{spec.max_failed_files}); every other file was processed. The report at "
-                f"s3://{spec.output_bucket}/{key} lists each failed file with its error.",
-                type="JobFailed",
-                non_retryable=True,
-            )
+        error = job_failure(spec, st.totals, key, failed=failed, empty=empty)
+        if error is not None:
+            raise error
         warnings = st.warnings or []
         return S3BatchResult(
             status="succeeded", totals=st.totals, report_bucket=spec.output_bucket, report_key=key, warnings=warnings
