@@ -235,3 +235,38 @@ async def test_cancelled_run_leaves_the_rest_to_the_next(
 async def wait_for_end(handle: Any) -> None:
     with contextlib.suppress(Exception):
         await handle.result()
+
+
+def test_write_ledger_is_idempotent_and_refuses_a_ledger_changed_meanwhile(s3: Any, buckets):
+    from s3batch.activities.incremental import write_ledger
+
+    from s3batch.errors import SourceChanged
+
+    _, out = buckets
+    uri = f"s3://{out}/led/"
+
+    def put_ledger(bucket: str, key: str, body: bytes, etag: str | None) -> None:
+        condition = {"IfMatch": f'"{etag}"'} if etag else {"IfNoneMatch": "*"}
+        s3.put_object(Bucket=bucket, Key=key, Body=body, **condition)
+
+    def run_files(run: str, ledger_etag: str | None) -> WriteLedgerInput:
+        page = PageRecord(ledger_etag=ledger_etag, listed_at="2026-12-01T12:00:00.000000Z",
+                          taken=[("in/a", "e1", "2026-12-01T11:59:00.000000Z", "new")])
+        s3.put_object(Bucket=out, Key=f"{run}/_s3batch/incremental/page-first.json", Body=page.model_dump_json())
+        s3.put_object(Bucket=out, Key=f"{run}/_report.json", Body=json.dumps(
+            {"files": [{"key": "in/a", "etag": "e1", "status": "succeeded"}]}))
+        return WriteLedgerInput(ledger=uri, run_id=run, source="s3://s/in/", output_bucket=out,
+                                output_prefix=f"{run}/", report_key=f"{run}/_report.json", status="succeeded",
+                                listing_done=True)
+
+    req = run_files("r1", None)
+    write_ledger(s3, req, put_ledger)
+    body = s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read()
+    write_ledger(s3, req, put_ledger)  # a retry of the same run: nothing changes
+    assert s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read() == body
+    assert json.loads(body)["near"] == {"in/a": ["e1", "2026-12-01T11:59:00.000000Z"]}
+
+    stale = run_files("r2", None)  # cut with no ledger, but r1 wrote one meanwhile
+    with pytest.raises(SourceChanged, match="changed while job 'r2' ran"):
+        write_ledger(s3, stale, put_ledger)
+    assert s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read() == body
