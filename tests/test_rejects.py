@@ -239,7 +239,9 @@ async def test_a_job_over_the_ratio_reports_the_file_failed_with_its_counts(
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "JobFailed"
     rep = report(s3, out)
-    f, good = rep["files"]
+    by_key = {entry["key"]: entry for entry in rep["files"]}  # the report lists files as they finish
+    assert sorted(by_key) == ["in/customers.csv", "in/good.csv"]
+    f, good = by_key["in/customers.csv"], by_key["in/good.csv"]
     assert good["status"] == "succeeded" and "reject_ratio" not in good and "warnings" not in good
     assert f["status"] == "failed" and f["error"].startswith("TooManyRejects: ")
     assert (f["records"], f["rejected"], f["chunks"], f["reject_ratio"]) == (1000, 1000, 10, 1.0)

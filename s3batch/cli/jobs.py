@@ -34,7 +34,7 @@ def _doc(info: FieldInfo) -> str:
     return " ".join((info.description or "").replace("``", "").split())
 
 
-def _add_job_flags(parser: argparse.ArgumentParser) -> None:
+def add_job_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`S3BatchInput` field, so the command cannot drift from the model.
 
     Flags are plain strings left out of the namespace unless given: the model converts and
@@ -262,7 +262,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 def add_start(commands: argparse._SubParsersAction) -> None:
     start = commands.add_parser("start", help="start a job (validated locally first)")
-    _add_job_flags(start)
+    add_job_flags(start)
     start.add_argument(
         "--id",
         help="workflow ID (default: s3batch-<bucket>-<random>, or s3batch-<random> with an encryption key); reusing "

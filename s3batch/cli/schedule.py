@@ -9,7 +9,7 @@ import re
 
 from pydantic import ValidationError
 
-from s3batch.cli.jobs import _add_job_flags, job_from_args
+from s3batch.cli.jobs import add_job_flags, job_from_args
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, print_json
 from s3batch.client import connect
 from s3batch.client import schedules as api
@@ -105,7 +105,7 @@ def add_schedule(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
     create.add_argument("--json", action="store_true", help="machine-readable output")
     create.add_argument("--input", metavar="JSON", help="the job as JSON (instead of the job flags)")
-    _add_job_flags(create)
+    add_job_flags(create)
     create.set_defaults(func=cmd_create)
     listing = sub.add_parser("list", help="the s3batch schedules")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
