@@ -353,7 +353,8 @@ async def test_exactly_once_into_the_table_across_a_sigterm_hand_off(
     src, out = buckets
     rows = 4_000
     s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(rows))
-    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.1"}
+    # 40 chunks of 0.2 s: a file of 8 s, so the moment to stop it is not missed on a loaded machine.
+    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.2"}
     spec = _job(src, out, table, handler="slow_passthrough", heartbeat_timeout_seconds=30)
     # Both workers poll before the job starts (a worker started later may find the file done).
     procs = [worker_process(task_queue, tmp_path, name, **env) for name in ("a", "b")]
