@@ -82,10 +82,14 @@ def _ids(pg: PostgresServer, table: str) -> list[int]:
     return [int(r[0]) for r in pg.execute(f"SELECT id FROM public.{table} ORDER BY id")]  # type: ignore[call-overload]
 
 
-def _checkpoint(pg: PostgresServer, key: str) -> dict[str, Any] | None:
+def _checkpoint(pg: PostgresServer, bucket: str, key: str) -> dict[str, Any] | None:
+    """The checkpoint row of ``bucket``/``key`` (the table is shared by the module's tests, and each
+    test has its own source bucket: a key alone would find an earlier test's finished file)."""
     if pg.execute("SELECT to_regclass('public.s3batch_checkpoints')") == [(None,)]:
         return None  # no worker has opened the table yet
-    rows = pg.execute("SELECT checkpoint FROM public.s3batch_checkpoints WHERE source_key = %s", (key,))
+    rows = pg.execute(
+        "SELECT checkpoint FROM public.s3batch_checkpoints WHERE source_bucket = %s AND source_key = %s", (bucket, key)
+    )
     return rows[0][0] if rows else None  # type: ignore[return-value]
 
 
@@ -100,7 +104,7 @@ async def test_rows_land_once_with_their_checkpoint(
     assert result.totals.records_written == 1_050
     rows = pg.execute(f"SELECT id, name, note FROM public.{table} ORDER BY id")
     assert rows == [(i, f"name, {i}", "") for i in range(1_050)]
-    cp = _checkpoint(pg, "in/a.csv")
+    cp = _checkpoint(pg, src, "in/a.csv")
     assert cp is not None and cp["done"] and cp["chunk"] == 11 and cp["next_record"] == 1_050
     # The rows are in the table: no parts in the output bucket.
     listed = s3.list_objects_v2(Bucket=out, Prefix="o/in/a.csv/").get("KeyCount", 0)
@@ -240,14 +244,14 @@ async def test_exactly_once_into_the_table_across_sigkills_mid_file(
         seen = 0
         for kill in range(3):
             def progressed(floor: int = seen) -> int | None:
-                cp = _checkpoint(pg, "in/big.csv")
+                cp = _checkpoint(pg, src, "in/big.csv")
                 return cp["next_record"] if cp and cp["next_record"] > floor + 300 else None
 
             seen = await wait_for(progressed, 90, f"rows committed past {seen} (kill {kill + 1})")
             assert seen < rows, "the kill must land mid-file"
             procs[-1].kill()
             # Every committed row is in the table, once; nothing beyond the committed checkpoint.
-            committed = _checkpoint(pg, "in/big.csv")
+            committed = _checkpoint(pg, src, "in/big.csv")
             assert committed is not None
             assert _ids(pg, table) == list(range(committed["next_record"]))
             procs.append(worker_process(task_queue, tmp_path, f"w{kill + 1}", **env))
@@ -333,7 +337,7 @@ async def test_rows_exactly_once_across_a_database_restart_mid_job(
     handle = await start(client, task_queue, spec, "pgrestart")
 
     def progressed() -> bool:
-        cp = _checkpoint(pg, "in/r.csv")
+        cp = _checkpoint(pg, src, "in/r.csv")
         return cp is not None and 500 <= cp["next_record"] < rows
 
     await wait_for(progressed, 60, "rows committed mid-file")
@@ -364,7 +368,7 @@ async def test_exactly_once_into_the_table_across_a_sigterm_hand_off(
         handle = await start(client, task_queue, spec, "pgterm")
 
         def mid_file() -> bool:
-            cp = _checkpoint(pg, "in/big.csv")
+            cp = _checkpoint(pg, src, "in/big.csv")
             return cp is not None and 500 <= cp["next_record"] < rows - 1_000
 
         await wait_for(mid_file, 60, "rows committed mid-file", alive=procs)
