@@ -19,7 +19,7 @@ from s3batch.formats.csv_header import generated_names
 from s3batch.formats.json import JsonDocumentParser, looks_like_json_lines
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import Reading
-from tests.helpers.records import walk
+from tests.helpers.records import chunked, walk
 
 
 def bounded(examples: int) -> settings:
@@ -32,27 +32,8 @@ def bounded(examples: int) -> settings:
     )
 
 
-class ChunkedRaw(io.RawIOBase):
-    """Reads of the given sizes in turn, so block boundaries fall anywhere (in a UTF-16 unit too)."""
-
-    def __init__(self, data: bytes, sizes: list[int]) -> None:
-        super().__init__()
-        self._data, self._pos, self._sizes, self._turn = data, 0, sizes, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        size = self._sizes[self._turn % len(self._sizes)]
-        self._turn += 1
-        n = min(len(buffer), size, len(self._data) - self._pos)
-        buffer[:n] = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
 def stream(data: bytes, sizes: list[int] | None) -> Any:
-    return io.BytesIO(data) if sizes is None else io.BufferedReader(ChunkedRaw(data, sizes), 16)
+    return chunked(data, sizes, 16)
 
 
 ENCODINGS = ["utf-8", "latin-1", "cp1252", "utf-16", "utf-16-le", "utf-16-be", "shift_jis"]

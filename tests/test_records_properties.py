@@ -23,7 +23,7 @@ from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
-from tests.helpers.records import line_ends, walk
+from tests.helpers.records import chunked, line_ends, walk
 
 BOM = b"\xef\xbb\xbf"
 
@@ -38,31 +38,8 @@ def bounded(examples: int) -> settings:
     )
 
 
-class ChunkedRaw(io.RawIOBase):
-    """A raw stream whose reads return the given sizes in turn: block boundaries fall anywhere
-    (inside a CRLF, a multi-byte character, a BOM, a record)."""
-
-    def __init__(self, data: bytes, sizes: list[int]) -> None:
-        super().__init__()
-        self._data = memoryview(data)
-        self._pos = 0
-        self._sizes = sizes
-        self._turn = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        size = self._sizes[self._turn % len(self._sizes)]
-        self._turn += 1
-        n = min(len(buffer), size, len(self._data) - self._pos)
-        buffer[:n] = self._data[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
 def stream(data: bytes, sizes: list[int] | None) -> Any:
-    return io.BytesIO(data) if sizes is None else ChunkedRaw(data, sizes)
+    return chunked(data, sizes)
 
 
 read_sizes = st.one_of(st.none(), st.lists(st.integers(1, 40), min_size=1, max_size=4))
