@@ -9,6 +9,7 @@ boto3's own chain. Only s3batch's own knobs are ``S3BATCH_*`` variables.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -29,7 +30,12 @@ class Settings(BaseSettings):
 
     task_queue: str = TASK_QUEUE
     max_concurrent_files: int = Field(8, ge=1, le=1_000)
-    """Activity slots of this worker: files it processes at once."""
+    """Activity slots of this worker (the whole container): files it processes at once. With several
+    worker processes they are shared out between them."""
+    worker_processes: int = Field(0, ge=0, le=256)
+    """Worker processes this ``s3batch-worker`` runs, each on its own core; 0: the cores this
+    process may use (CPU affinity, bounded by the container's cgroup CPU quota). Never more than
+    ``max_concurrent_files``. 1: one process, no supervisor."""
     graceful_shutdown_seconds: float = Field(30.0, ge=0)
     """After SIGTERM, how long in-flight files get to reach a chunk boundary and hand over."""
     handler_modules: str = ""
@@ -61,6 +67,10 @@ class Settings(BaseSettings):
     max_chunk_bytes: int = Field(64 * 1024 * 1024, ge=1_024)
     """A chunk is closed early once its buffered output (parts and rejects) or its source bytes
     reach this: what one file holds in memory stays about this, whatever ``chunk_records`` is."""
+    csv_fast_path: bool = True
+    """Read UTF-8 CSV a block at a time with pyarrow where the block provably reads as the exact parser
+    reads it (``s3batch.formats.fastcsv``); the same records, rejects and parts either way. False: the
+    exact parser alone (``S3BATCH_CSV_FAST_PATH=false``)."""
     checkpoint_secret: SecretStr = SecretStr("")
     """Key of the HMAC stored with each part's checkpoint; parts without a valid one are not trusted
     (reprocessed). Empty: checkpoints are trusted as read (anyone who can write the output prefix
@@ -156,6 +166,12 @@ class Settings(BaseSettings):
         raw = self.allowed_sources if kind == "sources" else self.allowed_outputs
         return [g.strip() for g in raw.split(",") if g.strip()]
 
+    def processes(self) -> int:
+        """The worker processes to run: ``worker_processes``, or the usable cores when it is 0,
+        capped at ``max_concurrent_files`` (a process without a file slot would only poll)."""
+        wanted = self.worker_processes or usable_cores()
+        return max(1, min(wanted, self.max_concurrent_files))
+
     def import_handler_modules(self) -> None:
         for name in filter(None, (m.strip() for m in self.handler_modules.split(","))):
             importlib.import_module(name)
@@ -176,6 +192,35 @@ class _ExplicitSettings(Settings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
+
+
+CPU_MAX_FILE = Path("/sys/fs/cgroup/cpu.max")
+"""cgroup v2's CPU quota of this process's cgroup (a container's ``--cpus``), ``"<quota|max> <period>"``."""
+
+
+def cores_from(affinity: int, cpu_max: str | None) -> int:
+    """The cores a process may use: ``affinity`` (CPUs it may run on), bounded by a cgroup v2
+    ``cpu.max`` content (``"max 100000"``: no limit; ``"150000 100000"``: 1.5 cores, rounded up to 2;
+    None, empty or unreadable: no limit). At least 1."""
+    cores = max(1, affinity)
+    quota, _, period = (cpu_max or "").strip().partition(" ")
+    try:
+        quota_us, period_us = int(quota), int(period)
+    except ValueError:
+        return cores  # "max" (no quota), a missing file, or a format this does not know
+    if quota_us <= 0 or period_us <= 0:
+        return cores
+    return max(1, min(cores, math.ceil(quota_us / period_us)))
+
+
+def usable_cores() -> int:
+    """:func:`cores_from` for this process: its CPU affinity and its cgroup's ``cpu.max``."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        cpu_max: str | None = CPU_MAX_FILE.read_text()
+    except OSError:
+        cpu_max = None
+    return cores_from(affinity, cpu_max)
 
 
 def connect_config() -> dict[str, Any]:

@@ -18,6 +18,11 @@ Environment:
     S3BATCH_HEALTH_INTERVAL_SECONDS: how often the worker rewrites it (default 5).
     S3BATCH_HEALTH_MAX_AGE_SECONDS: older heartbeats are unhealthy (default 30).
 
+A worker of several processes (``S3BATCH_WORKER_PROCESSES``, :mod:`s3batch.supervisor`) keeps the
+same file and the same check: each process writes its own ``<file>.<index>`` and the supervisor
+rewrites ``<file>`` from them (:func:`write_combined`), healthy only while every process polls, and
+as old as the oldest of their heartbeats.
+
 This module imports only the standard library at the top, so the check costs little more than
 Python's start-up (about 0.2 s).
 """
@@ -61,6 +66,11 @@ def _env_float(name: str, default: float) -> float:
     if value <= 0:
         raise ValueError(f"{name}={raw!r} must be positive")
     return value
+
+
+def interval() -> float:
+    """Seconds between two heartbeats: ``S3BATCH_HEALTH_INTERVAL_SECONDS``, default 5."""
+    return _env_float(INTERVAL_ENV, DEFAULT_INTERVAL)
 
 
 def health_file() -> Path | None:
@@ -110,7 +120,7 @@ class HealthReporter:
             client,
             worker,
             task_queue=task_queue,
-            interval=_env_float(INTERVAL_ENV, DEFAULT_INTERVAL),
+            interval=interval(),
         )
 
     async def __aenter__(self) -> HealthReporter:
@@ -173,17 +183,71 @@ class HealthReporter:
 
     def _write(self, state: dict[str, Any]) -> None:
         assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, self.path)  # atomic: a reader never sees half a file
-        except OSError as err:
-            log.warning("cannot write health file %s: %s", self.path, err)
+        write_state(self.path, state)
 
     def _remove(self) -> None:
         if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            remove(self.path)
+
+
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace the heartbeat file ``path`` with ``state`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, path)
+    except OSError as err:
+        log.warning("cannot write health file %s: %s", path, err)
+
+
+def remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def process_file(path: Path, index: int) -> Path:
+    """The heartbeat file of worker process ``index`` of a supervisor whose file is ``path``."""
+    return path.with_name(f"{path.name}.{index}")
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads(path.read_text())
+        float(state["written_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def combine(states: list[dict[str, Any] | None], *, pid: int, task_queue: str, now: float) -> dict[str, Any]:
+    """A supervisor's heartbeat from those of its processes (None: a process with no readable file).
+
+    Polling only if every process polls; written as long ago as the oldest process's heartbeat (a
+    stuck process makes the whole worker stale); the server last answered when it last answered
+    the process that heard from it least recently.
+    """
+    present = [s for s in states if s is not None]
+    polling = sum(1 for s in present if s.get("state") == "polling")
+    complete = len(present) == len(states)
+    server_ok = [float(t) for s in present if (t := s.get("server_ok_at")) is not None]
+    return {
+        "pid": pid,
+        "state": "polling" if complete and polling == len(states) else "starting",
+        "task_queue": task_queue,
+        "processes": len(states),
+        "processes_polling": polling,
+        "written_at": min(float(s["written_at"]) for s in present) if complete and present else now,
+        "server_ok_at": min(server_ok) if server_ok and complete and len(server_ok) == len(states) else None,
+    }
+
+
+def write_combined(path: Path, processes: int, *, task_queue: str) -> bool:
+    """Rewrite a supervisor's heartbeat file ``path`` from its ``processes`` processes' files
+    (:func:`process_file`); returns whether every process polls."""
+    states = [_read_state(process_file(path, i)) for i in range(processes)]
+    state = combine(states, pid=os.getpid(), task_queue=task_queue, now=time.time())
+    write_state(path, state)
+    return bool(state["state"] == "polling")
 
 
 def check(
@@ -212,7 +276,10 @@ def check(
     age = now - written_at
     if age > max_age:
         return False, f"last heartbeat {age:.0f}s ago (limit {max_age:.0f}s): the worker is stuck or gone"
+    processes = state.get("processes")
     if state.get("state") != "polling":
+        if processes:
+            return False, f"{state.get('processes_polling', 0)} of {processes} worker processes polling"
         return False, f"worker is {state.get('state')!r}, not polling yet"
     if not liveness:
         server_ok_at = state.get("server_ok_at")
@@ -221,7 +288,8 @@ def check(
         if now - float(server_ok_at) > max_age:
             return False, f"Temporal frontend has not answered for {now - float(server_ok_at):.0f}s"
     queue = state.get("task_queue") or "?"
-    return True, f"polling task queue {queue!r} (pid {state.get('pid')}), heartbeat {max(age, 0):.1f}s ago"
+    who = f"pid {state.get('pid')}, {processes} processes" if processes else f"pid {state.get('pid')}"
+    return True, f"polling task queue {queue!r} ({who}), heartbeat {max(age, 0):.1f}s ago"
 
 
 def main(argv: list[str] | None = None) -> int:

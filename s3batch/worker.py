@@ -4,6 +4,9 @@ Configuration comes from the environment, read once by :class:`~s3batch.config.S
 worker itself is :class:`~s3batch.plugin.S3BatchPlugin` on a ``temporalio`` worker. On SIGTERM (a deploy,
 ``docker stop``) the worker stops polling at once; files in flight stop at their next chunk boundary,
 checkpoint, and continue on another worker about a second later.
+
+With ``S3BATCH_WORKER_PROCESSES`` (default: the container's cores) above 1, ``main`` runs
+:class:`~s3batch.supervisor.Supervisor` instead, which starts that many of these workers, one per core.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
+from s3batch.supervisor import SUPERVISOR_PID_ENV, Supervisor, die_with_parent
 
 log = logging.getLogger("s3batch.worker")
 
@@ -75,11 +79,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     # The health reporter exits first: the worker reports unhealthy as soon as it stops polling.
     async with worker, HealthReporter.from_env(client, worker, task_queue=settings.task_queue):
         log.info(
-            "worker polling task queue %r on %s (namespace %s), %d file slots",
+            "worker polling task queue %r on %s (namespace %s), %d file slots, pid %d",
             settings.task_queue,
             client.service_client.config.target_host,
             client.namespace,
             settings.max_concurrent_files,
+            os.getpid(),
         )
         if settings.metrics_address:
             log.info("Prometheus metrics at http://%s/metrics", settings.metrics_address)
@@ -89,6 +94,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 
 def main() -> None:
+    supervisor_pid = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor_pid:
+        die_with_parent(int(supervisor_pid))  # first: no child may outlive a killed supervisor
     settings = Settings()
     placeholders = placeholder_secrets()
     if placeholders:
@@ -105,6 +113,10 @@ def main() -> None:
     except KeyringError as err:
         sys.exit(f"s3batch-worker: the encryption settings are not usable: {err}")
     logs.configure(settings.log_level, settings.log_format)
+    processes = 1 if supervisor_pid else settings.processes()
+    if processes > 1:
+        # No Temporal runtime exists in this process: it only starts, watches and stops the workers.
+        sys.exit(Supervisor(settings, processes).run())
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

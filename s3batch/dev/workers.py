@@ -4,6 +4,9 @@
 :mod:`s3batch.dev.releases`) with the current environment (the local stack's, once
 ``s3batch-stack env`` or a test fixture set it), a task queue of its own and a log file, and stops it
 the way a deploy does (SIGTERM, then SIGKILL if it overstays).
+
+It runs one worker process (``S3BATCH_WORKER_PROCESSES=1``) unless asked for more, whatever the
+machine's cores: a signal to it (SIGKILL, SIGSTOP) then reaches the very process that runs the files.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ class WorkerProcess:
     ``python`` is the interpreter (default: the current one); ``script`` a ``worker.py`` to run
     (with ``args``) instead of the module ``s3batch.worker``; ``cwd`` its working directory (default: the current
     one, so handler modules named by ``S3BATCH_HANDLER_MODULES`` import from there); ``drop_env``
-    names variables of this process not to pass on.
+    names variables of this process not to pass on; ``processes`` is ``S3BATCH_WORKER_PROCESSES``
+    (above 1: a supervisor and that many worker processes, see :mod:`s3batch.supervisor`).
     """
 
     what = "worker"
@@ -42,14 +46,17 @@ class WorkerProcess:
         cwd: Path | None = None,
         drop_env: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
+        processes: int = 1,
     ) -> None:
         self.name = name
+        self.processes = processes
         self.log_path = log_dir / f"worker-{name}.log"
         full_env = {
             **{k: v for k, v in os.environ.items() if k not in drop_env},
             "S3BATCH_TASK_QUEUE": task_queue,
             "S3BATCH_GRACEFUL_SHUTDOWN_SECONDS": "20",
             "PYTHONUNBUFFERED": "1",
+            "S3BATCH_WORKER_PROCESSES": str(processes),
             **(env or {}),
         }
         command = [str(python), str(script), *args] if script else [str(python), "-m", "s3batch.worker"]
@@ -62,11 +69,12 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float | None = None) -> WorkerProcess:
-        """Wait until the worker logs ``worker polling``; fails at once if it exited, with its log."""
+        """Wait until the worker logs ``worker polling`` (each of its ``processes``); fails at once if it
+        exited, with its log."""
         timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "worker polling" in self.log():
+            if self.log().count("worker polling") >= self.processes:
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.what} {self.name} exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
