@@ -76,6 +76,8 @@ def die_with_parent(parent_pid: int) -> None:
             log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this process may outlive its supervisor",
                         ctypes.get_errno())
     if os.getppid() != parent_pid:
+        sys.stderr.write(f"s3batch-worker: {SUPERVISOR_PID_ENV}={parent_pid} is not this process's parent: "
+                         "its supervisor is gone (or the variable leaked into this environment; unset it)\n")
         os._exit(1)
 
 

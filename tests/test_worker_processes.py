@@ -106,6 +106,13 @@ def test_combined_health_is_polling_only_while_every_process_polls(tmp_path: Pat
     assert health.check(path, now=now, liveness=True)[0]
 
 
+def test_a_worker_process_whose_supervisor_is_gone_does_not_start() -> None:
+    # The supervisor died between starting the process and the process asking to die with it.
+    env = {**os.environ, "S3BATCH_SUPERVISOR_PID": "1"}
+    done = subprocess.run([sys.executable, "-m", "s3batch.worker"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "its supervisor is gone" in done.stderr, done.stderr
+
+
 # ----------------------------------------------------------------------------- real workers
 
 def supervised(task_queue: str, log_dir: Path, name: str, **env: str) -> WorkerProcess:
