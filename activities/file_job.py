@@ -17,15 +17,16 @@ from s3batch.activities.handling import HandlerRun
 from temporalio import activity
 
 from s3batch import layout
-from s3batch.checkpoint import Checkpoint, HeartbeatDetails
+from s3batch.checkpoint import Checkpoint, FileOutput, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import WorkerShutdown
 from s3batch.formats import Parser, resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
+from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
-from s3batch.handlers import ChunkContext, get_handler
+from s3batch.handlers import ChunkContext, get_handler, passthrough
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
@@ -115,10 +116,13 @@ class FileJob:
             compression=self.compression,
             max_record_bytes=req.max_record_bytes,
             reading=self.reading,
+            fast=settings.csv_fast_path,
         )
         self.output = open_file_sink(
             s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
         )
+        # The built-in passthrough into JSONL parts: the fast CSV path writes a run of rows' documents at once.
+        self._packed = self.books.handler is passthrough and type(self.output) is FileOutput
         self.dir = self.output.dir
         check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None
@@ -257,6 +261,7 @@ class FileJob:
             records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
+            packed = self._packed and isinstance(parser, FastCsvParser)
             while True:
                 self._stop_if_asked(cp)
                 # Cancellation is delivered at the end of this block: after the part is written and
@@ -268,7 +273,7 @@ class FileJob:
                     output: list[bytes] = []
                     rejects: list[tuple[int, bytes]] = []
                     lines: list[int] = []  # the source line of each output
-                    taken = buffered = 0
+                    taken = buffered = joined = 0
                     # A chunk ends after chunk_records records, or once its source bytes or its
                     # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
                     # checkpoint is exact either way, and memory stays about the budget.
@@ -277,6 +282,17 @@ class FileJob:
                         # A sub-batch reads at most 1/16 of the budget, so the output check between
                         # two of them bounds what a handler's outputs can add.
                         until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
+                        if packed:  # taken as below, so the chunk ends where the exact path ends it
+                            chunk = (output, rejects, lines)
+                            got, size, extra = self._take_packed(records, parser, lookahead, chunk, want, until)
+                            lookahead = []
+                            if not got:
+                                break
+                            taken += got
+                            buffered += size
+                            joined += extra
+                            self._beat(cp)
+                            continue
                         batch = lookahead + (_take(records, parser, want, until) if want > 0 else [])
                         lookahead = []
                         if not batch:
@@ -290,17 +306,59 @@ class FileJob:
                     chunk_start = parser.offset
                     lookahead = list(islice(records, 1))
                     done = not lookahead
-                    cp = self._commit(cp, taken, (output, rejects, lines), end_offset, end_line, done)
+                    written = len(output) + joined
+                    cp = self._commit(cp, taken, (output, rejects, lines), written, end_offset, end_line, done)
                     self._beat(cp, force=True)  # every committed checkpoint
                     self._check_rejects(cp)
                 if done:
                     return cp
+
+    def _take_packed(
+        self,
+        records: Iterator[Record],
+        parser: FastCsvParser,
+        lookahead: list[Record],
+        chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]],
+        want: int,
+        until: int,
+    ) -> tuple[int, int, int]:
+        """One sub-batch of the passthrough handler, as the exact path takes it (``lookahead`` + ``_take``),
+        with the rows of fast blocks encoded at once (:meth:`FastCsvParser.take_json`).
+
+        Returns the records taken, the output bytes they add (as ``HandlerRun.handle`` counts them) and the
+        outputs joined into pieces beyond one per piece (``len(output)`` + that = outputs)."""
+        output = chunk[0]
+        size = joined = 0
+        taken = len(lookahead)
+        if lookahead:
+            size += self._handle(parser, lookahead, chunk)
+        if want > 0:
+            n, pieces, reached = parser.take_json(want, until)
+            if n:
+                output.extend(pieces)
+                self.books.passed_through(n)
+                joined = n - len(pieces)
+                size += sum(len(p) for p in pieces) - joined  # without the line feeds inside the pieces
+                taken += n
+            if n < want and not reached:
+                rest = _take(records, parser, want - n, until)
+                taken += len(rest)
+                if rest:
+                    size += self._handle(parser, rest, chunk)
+        return taken, size, joined
+
+    def _handle(
+        self, parser: FastCsvParser, batch: list[Record], chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]]
+    ) -> int:
+        self.probe.see(parser.header, (r.value for r in batch))
+        return self.books.handle(batch, *chunk)
 
     def _commit(
         self,
         cp: Checkpoint,
         taken: int,
         chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]],
+        written: int,
         end_offset: int | None,
         end_line: int,
         done: bool,
@@ -318,7 +376,7 @@ class FileJob:
                 "chunk": cp.chunk + 1,
                 # Pinned by the first read on a versioned bucket; later attempts read that version.
                 "version_id": cp.version_id or (raw.version_id if raw is not None else None),
-                "records_written": cp.records_written + len(output),
+                "records_written": cp.records_written + written,
                 "rejected": cp.rejected + len(rejects),
                 "dropped": cp.dropped + self.books.dropped,
                 "done": done,
@@ -328,8 +386,10 @@ class FileJob:
             }
         )
         self.probe.active = False
-        self.books.check_chunk(cp, taken, len(output), len(rejects))
-        new = self.output.commit(cp, new, output, rejects, lines)  # the sink may count refused rows as rejects
+        self.books.check_chunk(cp, taken, written, len(rejects))
+        # The sink may count refused rows as rejects. (Packed outputs are whole lines joined: only the JSONL
+        # parts, which join them the same way, get them.)
+        new = self.output.commit(cp, new, output, rejects, lines)
         self.checkpoint = new
         now = time.monotonic()
         metrics = self.metrics

@@ -91,6 +91,11 @@ class HandlerRun:
         self._add_rejects(result.rejects, rejects)
         return sum(len(b) for b in encoded) + sum(len(b) for _, b in rejects[before:])
 
+    def passed_through(self, records: int) -> None:
+        """Count ``records`` given to ``passthrough`` at once by the fast CSV path (one output each, no
+        reject: ``s3batch.formats.fastcsv.FastCsvParser.take_json``)."""
+        self._handed += records
+
     def _add_rejects(self, found: list[Reject], rejects: list[tuple[int, bytes]]) -> None:
         documents = ({"line": r.line, "reason": r.reason, "record": r.value} for r in found)
         lines = self._encoded(documents, "rejected a record")

@@ -9,18 +9,21 @@ so CI runs the same examples every time. Pure unit tests: no servers.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from decimal import Decimal
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from s3batch.formats import make_parser
+from s3batch.formats import make_parser as _make_parser
 from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
+from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
 from tests.helpers.records import chunked, line_ends, walk
@@ -43,6 +46,14 @@ def stream(data: bytes, sizes: list[int] | None) -> Any:
 
 
 read_sizes = st.one_of(st.none(), st.lists(st.integers(1, 40), min_size=1, max_size=4))
+
+# Every CSV property holds for the exact parser and for the fast path (pyarrow blocks, here of a few
+# bytes so that blocks end anywhere: inside a record, a quoted field, a CRLF, a character).
+CSV_PARSERS = pytest.mark.parametrize(
+    "csv_parser",
+    [CsvParser, functools.partial(FastCsvParser, block_bytes=7), functools.partial(FastCsvParser, block_bytes=64)],
+    ids=["exact", "fast-7", "fast-64"],
+)
 
 
 # ---------------------------------------------------------------------------------------------- CSV
@@ -130,13 +141,14 @@ def _kinds(records: list[Record]) -> list[tuple[int, Any, str]]:
     return out
 
 
+@CSV_PARSERS
 @bounded(500)
 @given(text=csv_text, bom=st.booleans(), sizes=read_sizes)
-def test_csv_reads_what_the_csv_module_reads(text: str, bom: bool, sizes: list[int] | None) -> None:
+def test_csv_reads_what_the_csv_module_reads(csv_parser: Any, text: str, bom: bool, sizes: list[int] | None) -> None:
     data = (BOM if bom else b"") + text.encode()
     expected = reference_csv(text, max_bytes=1 << 30)
     assert expected is not None  # the generated header is always readable
-    parser = CsvParser(stream(data, sizes))
+    parser = csv_parser(stream(data, sizes))
     records = list(parser)
     assert parser.header == expected[0]
     assert _kinds(records) == expected[1]
@@ -144,14 +156,15 @@ def test_csv_reads_what_the_csv_module_reads(text: str, bom: bool, sizes: list[i
     assert parser.line == line_ends("csv", data) + 1 + (not data.endswith((b"\n", b"\r")) and bool(text))
 
 
+@CSV_PARSERS
 @bounded(500)
 @given(text=csv_text, bom=st.booleans(), sizes=read_sizes, limit=st.integers(4, 48))
 def test_csv_records_over_the_limit_are_rejects_and_the_rest_reads_as_the_csv_module_reads(
-    text: str, bom: bool, sizes: list[int] | None, limit: int
+    csv_parser: Any, text: str, bom: bool, sizes: list[int] | None, limit: int
 ) -> None:
     data = (BOM if bom else b"") + text.encode()
     expected = reference_csv(text, max_bytes=limit)
-    parser = CsvParser(stream(data, sizes), max_line_bytes=limit)
+    parser = csv_parser(stream(data, sizes), max_line_bytes=limit)
     if expected is None:
         try:
             iter(parser)
@@ -164,8 +177,11 @@ def test_csv_records_over_the_limit_are_rejects_and_the_rest_reads_as_the_csv_mo
     assert parser.offset == len(data)
 
 
-def _assert_exact_resume(fmt: str, data: bytes, limit: int, sizes: list[int] | None) -> None:
-    full = make_parser(fmt, stream(data, sizes), max_line_bytes=limit)  # type: ignore[arg-type]
+def _assert_exact_resume(fmt: str, data: bytes, limit: int, sizes: list[int] | None, kind: Any = None) -> None:
+    def make_parser(fmt: str, stream: Any, **options: Any) -> Any:
+        return kind(stream, **options) if kind is not None else _make_parser(fmt, stream, **options)
+
+    full = make_parser(fmt, stream(data, sizes), max_line_bytes=limit)
     try:
         records, bounds = walk(full)
     except ValueError:
@@ -174,7 +190,7 @@ def _assert_exact_resume(fmt: str, data: bytes, limit: int, sizes: list[int] | N
     for i, (offset, line) in enumerate(bounds):
         assert line_ends(fmt, data[:offset]) + 1 == line or offset == len(data)
         resumed = make_parser(
-            fmt,  # type: ignore[arg-type]
+            fmt,
             stream(data[offset:], sizes),
             offset=offset,
             line=line,
@@ -186,18 +202,22 @@ def _assert_exact_resume(fmt: str, data: bytes, limit: int, sizes: list[int] | N
         assert rest_bounds == bounds[i + 1 :]
 
 
+@CSV_PARSERS
 @bounded(200)
 @given(text=csv_text, bom=st.booleans(), sizes=read_sizes, limit=st.sampled_from([8, 24, 1 << 20]))
 def test_csv_resume_from_any_record_boundary_gives_the_same_records_and_offsets(
-    text: str, bom: bool, sizes: list[int] | None, limit: int
+    csv_parser: Any, text: str, bom: bool, sizes: list[int] | None, limit: int
 ) -> None:
-    _assert_exact_resume("csv", (BOM if bom else b"") + text.encode(), limit, sizes)
+    _assert_exact_resume("csv", (BOM if bom else b"") + text.encode(), limit, sizes, csv_parser)
 
 
+@CSV_PARSERS
 @bounded(500)
 @given(data=st.binary(max_size=300), sizes=read_sizes, limit=st.sampled_from([4, 30, 1 << 20]))
-def test_csv_arbitrary_bytes_never_crash_the_parser(data: bytes, sizes: list[int] | None, limit: int) -> None:
-    parser = CsvParser(stream(data, sizes), max_line_bytes=limit)
+def test_csv_arbitrary_bytes_never_crash_the_parser(
+    csv_parser: Any, data: bytes, sizes: list[int] | None, limit: int
+) -> None:
+    parser = csv_parser(stream(data, sizes), max_line_bytes=limit)
     try:
         records = iter(parser)
     except ValueError as err:
@@ -209,14 +229,17 @@ def test_csv_arbitrary_bytes_never_crash_the_parser(data: bytes, sizes: list[int
     assert parser.offset == len(data)
 
 
+@CSV_PARSERS
 @bounded(500)
 @given(garbage=st.binary(max_size=200), sizes=read_sizes, limit=st.sampled_from([6, 40, 1 << 20]))
-def test_csv_rows_after_garbage_are_all_read(garbage: bytes, sizes: list[int] | None, limit: int) -> None:
+def test_csv_rows_after_garbage_are_all_read(
+    csv_parser: Any, garbage: bytes, sizes: list[int] | None, limit: int
+) -> None:
     # Without quotes, garbage ends at its last line break for the csv module; every row after it counts.
     head = b"a,b\n" + garbage.replace(b'"', b"'") + b"\n"
     rows = [(str(i), "é" * (i % 3)) for i in range(5)]
     data = head + "".join(f"{a},{b}\r\n" for a, b in rows).encode()
-    records = list(CsvParser(stream(data, sizes), max_line_bytes=limit))
+    records = list(csv_parser(stream(data, sizes), max_line_bytes=limit))
     first = line_ends("csv", head) + 1
     assert records[-5:] == [Record(first + i, {"a": a, "b": b}) for i, (a, b) in enumerate(rows)]
 

@@ -13,6 +13,7 @@ from s3batch.errors import UnknownFormatError
 from s3batch.formats.common import ParsedFormat
 from s3batch.formats.compression import Compression, split_suffix
 from s3batch.formats.csv import CsvParser
+from s3batch.formats.fastcsv import FastCsvParser, fast_reading
 from s3batch.formats.json import JsonDocumentParser
 from s3batch.formats.jsonl import JsonlParser
 from s3batch.formats.parquet import ParquetParser
@@ -67,7 +68,7 @@ def resolve_format(key: str, fmt: str) -> tuple[ParsedFormat, Compression | None
     )
 
 
-Parser = CsvParser | JsonlParser | JsonDocumentParser | ParquetParser
+Parser = CsvParser | FastCsvParser | JsonlParser | JsonDocumentParser | ParquetParser
 
 
 def make_parser(
@@ -80,15 +81,17 @@ def make_parser(
     max_line_bytes: int = 8 * 1024 * 1024,
     reading: Reading | None = None,
     head: bytes | None = None,
+    fast: bool = False,
 ) -> Parser:
     """Build the parser for ``fmt`` reading ``stream`` from ``offset`` (not Parquet, which is read by
-    row group from a seekable file: see :mod:`s3batch.formats.parquet`)."""
+    row group from a seekable file: see :mod:`s3batch.formats.parquet`); ``fast``: a CSV takes the fast path
+    where it can (:mod:`s3batch.formats.fastcsv`)."""
     if fmt == "parquet":
         raise ValueError("a Parquet file is not read as a stream")
     if fmt == "csv":
-        return CsvParser(
-            stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes, reading=reading or Reading()
-        )
+        reading = reading or Reading()
+        kind = FastCsvParser if fast and fast_reading(reading) else CsvParser
+        return kind(stream, offset=offset, line=line, header=header, max_line_bytes=max_line_bytes, reading=reading)
     if fmt == "json":
         return JsonDocumentParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes, head=head)
     return JsonlParser(stream, offset=offset, line=line, max_line_bytes=max_line_bytes)

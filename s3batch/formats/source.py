@@ -58,6 +58,7 @@ class SourceFile:
         compression: How it is compressed (None: not).
         max_record_bytes: The job's limit on one record.
         reading: How a CSV is read (dialect, header, encoding).
+        fast: Read a CSV with the fast path where it can be (:mod:`s3batch.formats.fastcsv`).
     """
 
     def __init__(
@@ -72,8 +73,10 @@ class SourceFile:
         compression: Compression | None,
         max_record_bytes: int,
         reading: Reading = DEFAULT_READING,
+        fast: bool = False,
     ) -> None:
         self.s3 = s3
+        self.fast = fast
         self.bucket = bucket
         self.key = key
         self.etag = etag
@@ -122,7 +125,7 @@ class SourceFile:
                 raw = stack.enter_context(self._open(0))
                 self.raw = cast(RangedReader, raw.raw)
                 stream: Any = stack.enter_context(open_decompressed(raw, self.compression))
-                parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes, reading=self.reading)
+                parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes, reading=self.reading, fast=self.fast)
                 records = iter(parser)
                 skipped = sum(1 for _ in islice(records, next_record))
                 if skipped != next_record:
@@ -148,6 +151,7 @@ class SourceFile:
                 max_line_bytes=max_bytes,
                 reading=reading,
                 head=head,
+                fast=self.fast,
             )
             return iter(parser), parser
         except ValueError as err:  # an unreadable CSV header

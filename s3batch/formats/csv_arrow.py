@@ -1,0 +1,224 @@
+"""Native-speed CSV blocks (pyarrow): parse a block at once, prove it reads as the csv module reads it,
+and encode its rows as the ``passthrough`` handler's JSON documents at once.
+
+The proof is a round trip: a block is *canonical* when it is exactly the bytes a minimal-quoting CSV
+writer gives for the rows pyarrow read (a field quoted when, and only when, it holds the delimiter, the
+quote or a line break; a quote inside doubled; every row ended by the same line end). Python's csv
+module reads canonical bytes back as exactly those rows, so where the bytes compare equal (one
+``memcmp``) both parsers agree by construction, whatever pyarrow does with other input. Where they do
+not (a malformed row, quoting that is not minimal, a blank line, a lone CR, bytes that are not UTF-8,
+a record over ``max_record_bytes``), the first row that differs is found, and the rows before it are
+still good: :mod:`s3batch.formats.fastcsv` reads from there with the exact parser.
+
+Why pyarrow: its CSV reader is already a dependency (Parquet), parses about 6M rows/s on one thread
+(docs/PERFORMANCE.md), and its string kernels build the canonical bytes and the JSON documents
+without a Python call per row.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import orjson
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type information
+import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.csv as pcsv  # type: ignore[import-untyped]
+
+_JSON_SPECIAL = r'["\\\x00-\x1f]'
+_SHORT_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
+"""What orjson writes for these characters (the backslash first); other control characters are
+written as ``\\u00XX``, which the block encoder leaves to orjson (see :func:`json_rows`)."""
+_OTHER_CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f]"
+
+
+class Block(NamedTuple):
+    """The good rows at the start of a block."""
+
+    rows: int
+    """Rows read as the csv module reads them (0: none; read the block's first record exactly)."""
+    ends: list[int]
+    """The end of each good row, from the block's start (its line end included)."""
+    raw: bytes
+    """The bytes of the good rows."""
+    table: Any
+    """The good rows, one string column per name (a ``pyarrow.Table``)."""
+    special: list[bool]
+    """Per column: some value may hold a character that needs quoting in CSV or escaping in JSON."""
+
+
+_NONE = Block(0, [], b"", None, [])
+
+
+def _skip(_row: Any) -> str:
+    return "skip"  # a row of another width: the round trip finds where it was
+
+
+def _options(names: list[str], delimiter: str, quote: str) -> tuple[Any, Any, Any]:
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=1 << 30)
+    parse = pcsv.ParseOptions(
+        delimiter=delimiter,
+        quote_char=quote,
+        double_quote=True,
+        escape_char=False,
+        newlines_in_values=True,
+        ignore_empty_lines=True,
+        invalid_row_handler=_skip,
+    )
+    convert = pcsv.ConvertOptions(
+        column_types=dict.fromkeys(names, pa.string()),
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+        check_utf8=True,
+    )
+    return read, parse, convert
+
+
+class BlockReader:
+    """Reads blocks of one CSV dialect and header (UTF-8, no escape character, one-byte delimiter and quote).
+
+    Args:
+        names: The column names (at least two: a one-column row may be written ``""``).
+        delimiter: The delimiter.
+        quote: The quote character.
+        max_record_bytes: A longer record is not good (the exact parser makes it a reject).
+    """
+
+    def __init__(self, names: list[str], delimiter: str, quote: str, max_record_bytes: int) -> None:
+        self.names = names
+        self.delimiter = delimiter
+        self.quote = quote
+        self.max_record_bytes = max_record_bytes
+        self._options = _options(names, delimiter, quote)
+        special = re.escape(delimiter) + re.escape(quote)
+        self._needs_quotes = "[" + special + r"\r\n" + "]"
+        self._special = "[" + special + r"\\\x00-\x1f" + "]"
+        """Needs quoting in CSV or escaping in JSON."""
+        self._special_bytes = re.compile(self._special.encode())
+        self._keys = [("{" if i == 0 else ",") + orjson.dumps(n).decode() + ':"' for i, n in enumerate(names)]
+
+    def read(self, data: bytes, *, last: bool) -> Block:
+        """The good rows at the start of ``data``, which starts at a record and ends after a line end
+        (or, when ``last``, at the end of the object).
+
+        The last row of a block that is not ``last`` is never good: it may be cut inside a quoted field.
+        """
+        eol = b"\r\n" if data.find(b"\r\n") == data.find(b"\n") - 1 >= 0 else b"\n"
+        body = data if not last or data.endswith((b"\n", b"\r")) or not data else data + eol
+        try:
+            body.decode()  # (about 10 GB/s) pyarrow's handler of a row of another width cannot take bad UTF-8
+        except UnicodeDecodeError as err:
+            cut = body.rfind(b"\n", 0, err.start) + 1
+            return self.read(data[:cut], last=False) if cut else _NONE  # the rows before it
+        try:
+            table = pcsv.read_csv(pa.BufferReader(pa.py_buffer(body)), *self._options).combine_chunks()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return _NONE
+        columns = _columns(table)
+        if self._special_bytes.search(body) is None:  # nothing quoted or escaped anywhere
+            special = [False] * len(columns)
+        else:
+            special = [pc.any(pc.match_substring_regex(c, self._special)).as_py() for c in columns]
+        rows = self._canonical(columns, special, eol)
+        buffers = rows.buffers()
+        offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
+        base = offsets[0]
+        text = bytes(memoryview(buffers[2])[base : offsets[-1]])
+        good = len(rows)
+        if len(text) > len(body) or text != body[: len(text)]:
+            good = _first_difference(text, body, offsets)
+        if not last and good == len(rows):
+            good -= 1  # the block may end inside its last row
+        if good > 0:
+            good = self._first_too_long(rows, eol, good)
+        if good <= 0:
+            return _NONE
+        ends = [o - base for o in offsets[1 : good + 1]]
+        if last and body is not data:
+            ends[-1] = min(ends[-1], len(data))
+        return Block(good, ends, data[: ends[-1]], table.slice(0, good), special)
+
+    def _canonical(self, columns: list[Any], special: list[bool], eol: bytes) -> Any:
+        """Each row as a minimal-quoting writer writes it, its line end included."""
+        quote = self.quote
+        pieces: list[Any] = []
+        for column, maybe in zip(columns, special, strict=True):
+            if maybe:
+                need = pc.match_substring_regex(column, self._needs_quotes)
+                if pc.any(need).as_py():
+                    doubled = pc.replace_substring(column, quote, quote * 2)
+                    column = pc.if_else(need, pc.binary_join_element_wise(quote, doubled, quote, ""), column)
+            pieces += [column, self.delimiter]
+        pieces[-1] = eol.decode()
+        return pc.binary_join_element_wise(*pieces, "")
+
+    def _first_too_long(self, rows: Any, eol: bytes, good: int) -> int:
+        longest = self.max_record_bytes + len(eol)
+        over = pc.greater(pc.binary_length(rows.slice(0, good)), longest)
+        if not pc.any(over).as_py():
+            return good
+        return int(pc.index(over, True).as_py())
+
+    def spans(self, block: Block) -> list[int] | None:
+        """The physical lines of each good row (a CR, an LF or a CRLF ends one), where a field holds a
+        line break (None: one a row)."""
+        if line_breaks(block.raw) == block.rows:
+            return None
+        extra = None
+        for column, maybe in zip(_columns(block.table), block.special, strict=True):
+            if not maybe:
+                continue
+            n = pc.subtract(
+                pc.add(pc.count_substring(column, "\n"), pc.count_substring(column, "\r")),
+                pc.count_substring(column, "\r\n"),
+            )
+            extra = n if extra is None else pc.add(extra, n)
+        assert extra is not None  # a line break inside a field is special
+        return [1 + e for e in extra.to_pylist()]
+
+    def json_rows(self, table: Any, special: list[bool]) -> tuple[bytes, list[int]] | None:
+        """The rows of ``table`` as the ``passthrough`` handler writes them (``orjson.dumps`` of the
+        ``{column: value}`` dict), each followed by a line feed, and where each starts (one more: the
+        end); None when a value holds a control
+        character orjson writes as ``\\u00XX`` (the caller encodes those rows one by one)."""
+        pieces: list[Any] = []
+        for key, column, maybe in zip(self._keys, _columns(table), special, strict=True):
+            if maybe and pc.any(pc.match_substring_regex(column, _JSON_SPECIAL)).as_py():
+                if pc.any(pc.match_substring_regex(column, _OTHER_CONTROL)).as_py():
+                    return None
+                for char, escaped in _SHORT_ESCAPES:
+                    column = pc.replace_substring(column, char, escaped)
+            pieces += [key, column, '"']
+        pieces.append("}\n")
+        rows = pc.binary_join_element_wise(*pieces, "")
+        buffers = rows.buffers()
+        offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
+        start, end = offsets[0], offsets[-1]
+        blob = bytes(memoryview(buffers[2])[start:end]) if end > start else b""
+        return blob, [o - start for o in offsets]
+
+
+def line_breaks(raw: bytes) -> int:
+    """The physical lines of ``raw`` (rows from a record's start): its CRs, LFs and CRLFs, and a last
+    line without one (at the end of the object)."""
+    ended = raw.endswith((b"\n", b"\r")) or not raw
+    return raw.count(b"\n") + raw.count(b"\r") - raw.count(b"\r\n") + (not ended)
+
+
+def _columns(table: Any) -> list[Any]:
+    """The table's columns as arrays (a block is read as one chunk)."""
+    return [column.combine_chunks() for column in table.columns]
+
+
+def _first_difference(text: bytes, body: bytes, offsets: memoryview) -> int:
+    """The number of leading rows whose canonical bytes equal the block's (binary search on prefixes)."""
+    base = offsets[0]
+    lo, hi = 0, len(offsets) - 1  # rows [0, lo) are equal; row hi-1 (or one before) differs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        end = offsets[mid] - base
+        if end <= len(body) and text[:end] == body[:end]:  # a copy and a memcmp each: 20 steps for 1 MiB
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

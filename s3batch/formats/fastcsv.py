@@ -1,0 +1,308 @@
+"""The fast CSV path: :class:`CsvParser`'s records at native speed, the same records for every input.
+
+:class:`FastCsvParser` reads a CSV a block (about 1 MiB) at a time with pyarrow and keeps the rows of
+a block that provably read as the csv module reads them (:mod:`s3batch.formats.csv_arrow`: a round
+trip through a minimal-quoting writer, compared byte for byte). From the first row that does not
+(a malformed record, a reject of any kind, quoting a writer would not produce, a blank line), the
+exact parser (:class:`~s3batch.formats.csv.CsvParser`) reads a stretch of the file, over the same
+bytes, and the fast path starts again after it. So the records, their lines, the byte offsets after
+each one and every reject are the exact parser's, and chunk boundaries (which depend on them) are too.
+
+The ``passthrough`` handler's output comes from the block as well (:meth:`FastCsvParser.take_json`):
+the JSON documents of many rows are built at once by pyarrow's string kernels, byte-identical to
+``orjson.dumps`` of each row's dict.
+
+Used for UTF-8 CSV without an escape character, with a one-byte delimiter and quote and at least two
+columns (:func:`fast_reading`); everything else is read by the exact parser alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterator
+from typing import IO
+
+from s3batch.formats.common import Record
+from s3batch.formats.csv import DEFAULT_READING, CsvParser
+from s3batch.formats.csv_arrow import Block, BlockReader, line_breaks
+from s3batch.reading import Reading
+
+BLOCK_BYTES = 1 << 20
+"""Bytes parsed by pyarrow at once (a block ends after its last line break)."""
+_EXACT_BYTES = 64 * 1024
+"""Bytes read by the exact parser after a block that could not be read fast (doubling while blocks keep
+failing, up to :data:`_EXACT_MAX`)."""
+_EXACT_MAX = 16 << 20
+_ALL = 1 << 62
+
+
+def fast_reading(reading: Reading) -> bool:
+    """Whether files read with ``reading`` can take the fast path."""
+    return (
+        reading.encoding == "utf-8"
+        and reading.escapechar is None
+        and len(reading.delimiter.encode()) == 1
+        and len(reading.quotechar.encode()) == 1
+    )
+
+
+class _Tee:
+    """The parser's stream as the exact parser reads it, from an offset: bytes come from the parser's
+    buffer first, and what is read further is kept in the buffer (the fast path goes on from there)."""
+
+    def __init__(self, owner: FastCsvParser, at: int) -> None:
+        self.owner = owner
+        self.at = at
+
+    def read(self, n: int = -1) -> bytes:
+        owner = self.owner
+        n = BLOCK_BYTES if n is None or n < 0 else n
+        if self.at + n > owner.buf_start + len(owner.buf) and not owner.eof:
+            owner.fill(self.at - owner.buf_start + n)
+        start = self.at - owner.buf_start
+        out = owner.buf[start : start + n]
+        self.at += len(out)
+        return out
+
+
+class FastCsvParser:
+    """Reads like :class:`~s3batch.formats.csv.CsvParser` (same arguments, records, ``offset``, ``line``
+    and ``header``), a block at a time where it can (see the module docstring); ``block_bytes``: the size
+    of a block (tests make it tiny, so that blocks end anywhere)."""
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        offset: int = 0,
+        line: int = 1,
+        header: list[str] | None = None,
+        max_line_bytes: int = 8 * 1024 * 1024,
+        reading: Reading = DEFAULT_READING,
+        block_bytes: int = BLOCK_BYTES,
+    ) -> None:
+        if header is None and reading.names is not None:
+            header = list(reading.names)
+        if offset > 0 and header is None:
+            raise ValueError("resuming a CSV from a byte offset needs its header")
+        self._stream = stream
+        self._block_bytes = block_bytes
+        self._reading = reading
+        self._max = max_line_bytes
+        self.header = header
+        self.buf = b""
+        self.buf_start = self._pos = offset
+        self._line = line
+        self.eof = False
+        self._exact: CsvParser | None = None
+        self._exact_it: Iterator[Record] | None = None
+        self._until = 0
+        self._failures = 0
+        self._blocks: BlockReader | None = None
+        self._block: Block | None = None
+        self._row = 0
+        self._values: list[dict[str, str]] | None = None
+        self._spans: list[int] | None = None
+        """Lines before each row of the block (None: not counted yet)."""
+        self._json: tuple[bytes, list[int]] | bool | None = False  # False: not built yet; None: not possible
+        self._done = False
+        self.fast_records = 0
+        """Records read by the fast path (the rest were read by the exact parser)."""
+
+    # ------------------------------------------------------------------ position
+
+    @property
+    def offset(self) -> int:
+        if self._exact is not None:
+            return self._exact.offset
+        if self._block is not None and self._row:
+            return self._pos + self._block.ends[self._row - 1]
+        return self._pos
+
+    @property
+    def line(self) -> int:
+        if self._exact is not None:
+            return self._exact.line
+        if self._block is not None and self._row:
+            return self._line + self._lines_before(self._row)
+        return self._line
+
+    def _lines_before(self, row: int) -> int:
+        """Physical lines of the block's first ``row`` rows."""
+        if self._spans is not None:
+            return self._spans[row]
+        assert self._block is not None
+        if row == 0:
+            return 0
+        return line_breaks(self._block.raw[: self._block.ends[row - 1]])
+
+    def _row_lines(self, block: Block) -> list[int]:
+        """Lines before each row of ``block`` (and after its last)."""
+        if self._spans is None:
+            assert self._blocks is not None
+            spans = self._blocks.spans(block)
+            self._spans = list(range(block.rows + 1)) if spans is None else list(itertools.accumulate(spans, initial=0))
+        return self._spans
+
+    # ------------------------------------------------------------------ reading
+
+    def fill(self, want: int) -> None:
+        """Hold at least ``want`` bytes from ``buf_start`` (fewer at the end of the stream)."""
+        pieces = [self.buf]
+        held = len(self.buf)
+        while held < want:
+            more = self._stream.read(max(want - held, 64 * 1024))
+            if not more:
+                self.eof = True
+                break
+            pieces.append(more)
+            held += len(more)
+        self.buf = b"".join(pieces)
+
+    def __iter__(self) -> Iterator[Record]:
+        """Like ``CsvParser.__iter__``: a header row that cannot be used raises ``ValueError`` here."""
+        if self._pos == 0 or self.header is None:
+            # The start of the object (a BOM, the header row): the exact parser reads the first record.
+            self._start_exact(1)
+        return self._records()
+
+    def _records(self) -> Iterator[Record]:
+        while True:
+            record = self._next()
+            if record is None:
+                return
+            yield record
+
+    def _start_exact(self, until: int) -> None:
+        self._exact = CsvParser(
+            _Tee(self, self._pos),  # type: ignore[arg-type]  # only read() is used
+            offset=self._pos,
+            line=self._line,
+            header=self.header,
+            max_line_bytes=self._max,
+            reading=self._reading,
+        )
+        self._exact_it = iter(self._exact)
+        self.header = self._exact.header
+        self._until = until
+
+    def _leave_exact(self) -> None:
+        assert self._exact is not None
+        self._pos, self._line = self._exact.offset, self._exact.line
+        self._exact = self._exact_it = None
+
+    def _next(self) -> Record | None:
+        while True:
+            if self._exact is not None:
+                assert self._exact_it is not None
+                record = next(self._exact_it, None)
+                if record is None:
+                    self._leave_exact()
+                    self._done = True
+                    return None
+                if self._exact.offset >= self._until:
+                    self._leave_exact()
+                return record
+            block = self._block
+            if block is not None and self._row < block.rows:
+                return self._block_record(block)
+            if self._done or not self._next_block():
+                return None
+
+    def _block_record(self, block: Block) -> Record:
+        if self._values is None:
+            self._values = block.table.to_pylist()
+        row = self._row
+        line = self._line + self._row_lines(block)[row]
+        record = Record(line, self._values[row], None)
+        self._row = row + 1
+        self.fast_records += 1
+        if self._row == block.rows:
+            self._finish_block()
+        return record
+
+    def _finish_block(self) -> None:
+        block = self._block
+        assert block is not None
+        self._pos += block.ends[-1]
+        self._line += self._lines_before(block.rows)
+        self._block = self._values = None
+        self._row = 0
+        self._json = False
+        self._spans = None
+
+    def _next_block(self) -> bool:
+        """Read the next block: fast when it can be, else start the exact parser. False at the end."""
+        if self._blocks is None:
+            assert self.header is not None
+            if len(self.header) < 2:  # a one-column row may be written "" (not minimal quoting)
+                self._start_exact(_ALL)
+                return True
+            delimiter, quote = self._reading.delimiter, self._reading.quotechar
+            self._blocks = BlockReader(self.header, delimiter, quote, self._max)
+        self.buf = self.buf[self._pos - self.buf_start :]
+        self.buf_start = self._pos
+        if len(self.buf) < self._block_bytes and not self.eof:
+            self.fill(self._block_bytes)
+        data = self.buf
+        if not data:
+            self._done = True
+            return False
+        last = self.eof
+        if not last:
+            data = data[: data.rfind(b"\n") + 1]
+        block = self._blocks.read(data, last=last) if data else None
+        if block is None or block.rows == 0:
+            self._failures += 1
+            stretch = min(self._block_bytes, _EXACT_BYTES) << min(self._failures, 10)
+            self._start_exact(self._pos + min(stretch, _EXACT_MAX))
+            return True
+        if block.rows >= 1000 or (last and block.ends[-1] == len(data)):
+            self._failures = 0
+        self._block, self._row = block, 0
+        return True
+
+    # ------------------------------------------------------------------ passthrough at once
+
+    def take_json(self, want: int, until: int) -> tuple[int, list[bytes], bool]:
+        """Up to ``want`` records as the ``passthrough`` handler's JSON documents, as ``_take`` in the chunk
+        loop takes them: stop after a record whose end reaches ``until``.
+
+        Returns:
+            The records taken, their documents (pieces of whole lines, each without its final line feed,
+            so that ``b"\\n".join`` of the chunk's outputs is the part's bytes), and whether ``until``
+            was reached. Fewer than ``want`` without reaching ``until``: the next record is not in a fast
+            block (read it with the record iterator).
+        """
+        taken = 0
+        pieces: list[bytes] = []
+        while taken < want:
+            block = self._block
+            if self._exact is not None or block is None or self._row >= block.rows:
+                if self._exact is not None or self._done or not self._next_block() or self._exact is not None:
+                    return taken, pieces, False
+                continue
+            encoded = self._block_json(block)
+            if encoded is None:
+                return taken, pieces, False
+            blob, ends = encoded
+            row = self._row
+            reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
+            n = min(want - taken, reach - row + 1, block.rows - row)
+            pieces.append(blob[ends[row] : ends[row + n] - 1])
+            taken += n
+            self.fast_records += n
+            self._row = row + n
+            stop = self._pos + block.ends[self._row - 1] >= until
+            if self._row == block.rows:
+                self._finish_block()
+            if stop:
+                return taken, pieces, True
+        return taken, pieces, False
+
+    def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
+        if self._json is False:
+            assert self._blocks is not None
+            self._json = self._blocks.json_rows(block.table, block.special)
+        return self._json  # type: ignore[return-value]

@@ -1,0 +1,185 @@
+"""The fast CSV path (``s3batch.formats.fastcsv``) against the exact parser: the same records, lines,
+offsets, rejects, chunk boundaries and output bytes, for canonical CSV (where the fast path reads
+nearly everything) and for CSV with every kind of damage (where it must hand over to the exact parser
+at the right record). The whole-suite properties of ``tests/test_records_properties.py`` also run
+against both paths; here the inputs are mostly canonical, so the fast blocks are what is tested.
+
+The file-level tests run the real file activity on the real S3 server twice, with the fast path on and
+off, and compare every output object byte for byte (parts, rejects, checkpoint metadata).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from s3batch.activities.s3_activities import S3Activities
+from temporalio.testing import ActivityEnvironment
+
+from s3batch import layout
+from s3batch.config import Settings
+from s3batch.formats.csv import CsvParser
+from s3batch.formats.fastcsv import FastCsvParser
+from s3batch.handlers import passthrough
+from s3batch.messages import ObjectRef, ProcessFileInput
+from tests.helpers.records import chunked, walk
+
+bounded = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+_FIELDS = ["", "a", "bc", "12.50", "é", "漢字", "a,b", 'say "hi"', "x\ny", "r\rs", "t\r\nu", "tab\tx", "back\\", "\x01"]
+_DAMAGE = [b"", b"\n", b'"', b"x", b",", b"\r", b"\xff", b'""', b"\r\n\r\n", b'"a"b', b"\x00"]
+
+
+def _canonical(rows: list[list[str]], eol: str) -> bytes:
+    out = io.StringIO()
+    csv.writer(out, lineterminator=eol).writerows(rows)
+    return out.getvalue().encode()
+
+
+@st.composite
+def csv_files(draw: Any) -> bytes:
+    """A header of 2-4 columns and rows written by a minimal-quoting writer, with some damage (a stray
+    quote, a blank line, bad UTF-8, a row of another width...) at a few places."""
+    width = draw(st.integers(2, 4))
+    eol = draw(st.sampled_from(["\n", "\r\n"]))
+    rows = draw(st.lists(st.lists(st.sampled_from(_FIELDS), min_size=width, max_size=width), max_size=60))
+    data = bytearray(_canonical([[f"c{i}" for i in range(width)], *rows], eol))
+    header = data.find(b"\n") + 1
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(header, len(data)))
+        data[at:at] = draw(st.sampled_from(_DAMAGE))
+    if draw(st.booleans()) and data.endswith(b"\n"):
+        data = data.rstrip(b"\r\n")  # no line end after the last row
+    return bytes(data)
+
+
+def _walk_both(data: bytes, block: int, limit: int, sizes: list[int] | None) -> None:
+    exact = CsvParser(chunked(data, sizes), max_line_bytes=limit)
+    fast = FastCsvParser(chunked(data, sizes), max_line_bytes=limit, block_bytes=block)
+    try:
+        expected = walk(exact)
+    except ValueError as err:
+        with pytest.raises(ValueError, match=str(err)[:20]):
+            walk(fast)
+        return
+    assert walk(fast) == expected
+    assert (fast.offset, fast.line, fast.header) == (exact.offset, exact.line, exact.header)
+
+
+@bounded
+@given(
+    data=csv_files(),
+    block=st.sampled_from([16, 100, 1000, 1 << 20]),
+    limit=st.sampled_from([12, 1 << 20]),
+    sizes=st.one_of(st.none(), st.lists(st.integers(1, 50), min_size=1, max_size=3)),
+)
+def test_fast_path_reads_every_record_line_and_offset_as_the_exact_parser(
+    data: bytes, block: int, limit: int, sizes: list[int] | None
+) -> None:
+    _walk_both(data, block, limit, sizes)
+
+
+@bounded
+@given(data=csv_files(), block=st.sampled_from([16, 200, 1 << 20]), data_st=st.data())
+def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_takes_records(
+    data: bytes, block: int, data_st: Any
+) -> None:
+    """``take_json`` (``want`` records, or fewer once ``until`` is reached) against the exact parser's
+    records through the ``passthrough`` handler, with the same stop rule (``_take`` in the chunk loop)."""
+    try:
+        reference = walk(CsvParser(io.BytesIO(data)))
+    except ValueError:
+        return
+    records, bounds = reference
+    fast = FastCsvParser(io.BytesIO(data), block_bytes=block)
+    it = iter(fast)
+    at = 0
+    while at < len(records):
+        want = data_st.draw(st.integers(1, 30))
+        until = fast.offset + data_st.draw(st.integers(1, 400))
+        n, pieces, reached = fast.take_json(want, until)
+        if n == 0:
+            record = next(it)
+            assert record == records[at]
+            at += 1
+            continue
+        taken = records[at : at + n]
+        assert all(r.error is None for r in taken)
+        assert b"\n".join(pieces) == b"\n".join(passthrough(taken).output)
+        # _take's rule: stop after `want` records, or after the first record whose end reaches `until`.
+        ends = [offset for offset, _ in bounds[at : at + n]]
+        assert all(end < until for end in ends[:-1])
+        assert reached == (ends[-1] >= until)
+        assert n == want or reached or (fast.offset, fast.line) == bounds[at + n - 1]
+        assert (fast.offset, fast.line) == bounds[at + n - 1]
+        at += n
+    assert next(it, None) is None
+
+
+# ------------------------------------------------------------------------------- the file activity
+
+
+def _run(s3: Any, buckets: tuple[str, str], key: str, *, fast: bool, prefix: str, **job: Any) -> dict[str, Any]:
+    src, out = buckets
+    budget = job.pop("budget")
+    head = s3.head_object(Bucket=src, Key=key)
+    obj = ObjectRef(key=key, etag=head["ETag"].strip('"'), size=head["ContentLength"])
+    req = ProcessFileInput(
+        job_id="job-fast", bucket=src, obj=obj, output_bucket=out, output_prefix=prefix, handler="passthrough",
+        format="auto", max_record_bytes=1 << 20, **job,
+    )
+    worker = Settings(csv_fast_path=fast, max_chunk_bytes=budget)
+    result = ActivityEnvironment().run(S3Activities(s3, worker).process_file, req)
+    folder = layout.file_dir(prefix, key)
+    listed = s3.list_objects_v2(Bucket=out, Prefix=folder).get("Contents", [])
+    objects = {}
+    for item in listed:
+        got = s3.get_object(Bucket=out, Key=item["Key"])
+        objects[item["Key"][len(folder) :]] = (got["Body"].read(), got["Metadata"])
+    return {"result": result.model_dump(exclude={"attempts"}), "objects": objects}
+
+
+def _messy_csv(rows: int) -> bytes:
+    body = [["id", "email", "name", "amount"]]
+    for i in range(rows):
+        name = ["Ann", "O'Brien, Pat", 'The "Boss"', "two\r\nlines", "é漢"][i % 5]
+        body.append([str(i), f"u{i}@example.com", name, f"{i % 997}.{i % 100:02d}"])
+    data = bytearray(_canonical(body, "\r\n"))
+    for at, damage in ((1_000, b'"oops'), (20_000, b"\r\n\r\n"), (50_000, b"\xff\xfe"), (90_000, b"1,2\r\n")):
+        cut = data.index(b"\r\n", len(data) * at // 100_000) + 2
+        data[cut:cut] = damage
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("rows", "chunk_records", "budget"),
+    [(30_000, 1_000, 64 << 20), (30_000, 7_000, 64 << 20), (8_000, 10_000, 16_384)],
+    ids=["chunks-1000", "chunks-7000", "byte-budget"],
+)
+def test_file_output_is_byte_identical_with_and_without_the_fast_path(
+    s3: Any, buckets: tuple[str, str], rows: int, chunk_records: int, budget: int
+) -> None:
+    """The same parts, rejects and checkpoints (hence the same resume points) whichever path reads, with
+    quoted fields, line breaks inside fields, a malformed quote, blank lines, bad UTF-8, a short row, and
+    a chunk ended by the worker's byte budget."""
+    src, _ = buckets
+    s3.put_object(Bucket=src, Key="in/messy.csv", Body=_messy_csv(rows))
+    job = {"chunk_records": chunk_records, "budget": budget}
+    exact = _run(s3, buckets, "in/messy.csv", fast=False, prefix="exact/", **dict(job))
+    fast = _run(s3, buckets, "in/messy.csv", fast=True, prefix="fast/", **dict(job))
+    assert fast["result"] == exact["result"]
+    assert exact["result"]["rejected"] >= 3
+    assert sorted(fast["objects"]) == sorted(exact["objects"])
+    for name, (body, metadata) in exact["objects"].items():
+        assert fast["objects"][name][0] == body, name
+        assert fast["objects"][name][1] == metadata, name
