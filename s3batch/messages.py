@@ -100,10 +100,20 @@ class JobState(_Model):
     warnings: list[str] | None = None
     """The first warnings of the job's files (a high reject ratio, a CSV delimiter hint), each with
     its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``); None: none (and left out of the state)."""
+    handed_over: dict[str, int] | None = None
+    """Files a run stopped at a chunk boundary and handed to the next run (so that run's slots stay
+    busy), by key: the chunks each had committed then. A file leaves it when its result is recorded;
+    None: none (and left out of the state)."""
+    kept: list[str] | None = None
+    """Handed-over files whose last leg committed no chunk: they are not handed over again, but run
+    to their end in their run. None: none (and left out of the state)."""
 
     @model_serializer(mode="wrap")
     def _omit_no_warnings(self, handler: SerializerFunctionWrapHandler) -> Any:
-        return without_nones(handler(self), frozenset({"warnings"}))
+        return without_nones(handler(self), _OPTIONAL_STATE)
+
+
+_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "kept"})
 
 
 class JobCheck(_Model):

@@ -1,27 +1,26 @@
 """``S3BatchWorkflow``: list a prefix page by page and process every object, durably.
 
 The workflow holds at most one listing page of keys, runs at most ``max_concurrent_files`` file
-activities at once, and continues as new every ``JobState.files_per_run`` files (or when the server suggests
-it), flushing that run's per-file results to S3 so its history and state stay small whatever the
-number of files.
+activities at once, and continues as new every ``JobState.files_per_run`` files (or when the server
+suggests it), flushing that run's per-file results to S3 so its history and state stay small. Files
+still in flight a moment (``HAND_OVER_GRACE``) after a run has started its files are stopped at a chunk
+boundary and handed to the next run, which resumes them while its own files fill the other slots.
 
-Control, by workflow updates (so ``temporal workflow update execute --name pause`` works as well as
+Control, by workflow updates (``temporal workflow update execute --name pause`` works as well as
 ``s3batch pause``):
 
-- ``pause`` / ``resume``: a paused job starts no new file. Pause lets running files finish: an
-  activity already in flight (one file, or a group of small files) runs to its end.
+- ``pause`` / ``resume``: a paused job starts no new file; an activity already in flight (one file,
+  or a group of small files) runs to its end.
 - ``set_concurrency(n)``: the number of files in flight, 1..1000, for this run and later ones
   (lowering it lets the extra files in flight finish).
-- Cancelling the workflow is graceful: no new file starts, in-flight files are asked to stop at their
-  next chunk boundary (after their checkpoint) and waited for, the report is written with them as
-  ``cancelled``, and the workflow then ends as cancelled.
+- Cancelling the workflow is graceful: no new file starts, in-flight files stop at their next chunk
+  boundary (after their checkpoint), the report lists them as ``cancelled``, the job ends cancelled.
 
-This module holds the workflow's control flow and its commands, but for two steps:
-:mod:`~s3batch.workflows.ledger` (an incremental job's listing and ledger) and
-:mod:`~s3batch.workflows.report` (the report, and why a finished job fails). The rest is pure:
-:mod:`~s3batch.workflows.inputs` validates its arguments, :mod:`~s3batch.workflows.schedule` builds
-activity options and inputs and groups small files, :mod:`~s3batch.workflows.books` keeps the job's
-books, :mod:`~s3batch.workflows.status` renders its details, progress and search attributes.
+Besides the control flow here: :mod:`~s3batch.workflows.ledger` (an incremental job's listing and
+ledger), :mod:`~s3batch.workflows.report` (the report, why a finished job fails),
+:mod:`~s3batch.workflows.inputs` (the arguments), :mod:`~s3batch.workflows.schedule` (activity options,
+inputs, groups of small files), :mod:`~s3batch.workflows.books` (the job's books, hand-overs) and
+:mod:`~s3batch.workflows.status` (details, progress, search attributes).
 """
 
 from __future__ import annotations
@@ -34,22 +33,27 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, failed_result
+    from s3batch.workflows.books import Books, cancelled_result, completed_anyway
     from s3batch.workflows.inputs import parse_job, parse_state
     from s3batch.workflows.ledger import list_incremental_page, write_ledger
     from s3batch.workflows.report import job_failure, write_report
-    from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT, file_activity_options, file_input, next_group
+    from s3batch.workflows.schedule import (
+        HAND_OVER_GRACE,
+        SHORT_RETRY,
+        SHORT_TIMEOUT,
+        listing_input,
+        next_group,
+        run_is_full,
+        start_file_activity,
+    )
     from s3batch.workflows.status import SearchIndex, details, job_progress, source_of
 
     from s3batch import search_attributes as sa
-    from s3batch.accounting import combine, key_digest
     from s3batch.errors import TOO_MANY_REJECTS
     from s3batch.incremental import run_output_prefix
     from s3batch.messages import (
         FileResult,
-        ListObjectsInput,
         ObjectRef,
-        ProcessGroupInput,
         Progress,
         ReportSegmentInput,
         S3BatchResult,
@@ -70,6 +74,10 @@ its report (v0.1.0 ended without one)."""
 FAIL_IF_EMPTY = "fail-if-empty"
 """A job with ``fail_if_empty`` whose prefix matched no file fails (``EmptyPrefix``) after writing its
 report as failed (jobs before it could only succeed with 0 files)."""
+HAND_OVER_STRAGGLERS = "hand-over-stragglers"
+"""A run that has started its files stops the files still in flight after ``HAND_OVER_GRACE`` at their
+next chunk boundary and hands them to the next run, which resumes them from their committed
+checkpoint (v0.1.0 and v0.2.0 waited for every file in flight, leaving the other slots idle)."""
 
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:
@@ -87,6 +95,10 @@ class S3BatchWorkflow:
         self._cancelling = False
         self._stopping = False
         """Files in flight are being stopped because the job is over ``max_rejected_total``."""
+        self._handing_over = False
+        """Files in flight are being stopped to hand them to the next run."""
+        self._grace: asyncio.Task[None] | None = None
+        """The timer of ``HAND_OVER_GRACE``, started when the run is full."""
         self._index = SearchIndex()
         self._books = Books(self._state)
         self._finished = 0
@@ -143,7 +155,7 @@ class S3BatchWorkflow:
         started_this_run = 0
         while True:
             while not st.paused and self._active < self._limit():
-                if started_this_run >= st.files_per_run or workflow.info().is_continue_as_new_suggested():
+                if run_is_full(st, started_this_run):
                     break
                 if not st.pending:
                     if st.listing_done:
@@ -154,7 +166,10 @@ class S3BatchWorkflow:
             if not self._active and not st.paused:
                 break
             self._update_details()  # files just started count as in flight
-            await self._wait_for_change()
+            if self._straggling(started_this_run):
+                await self._hand_over()
+            else:
+                await self._wait_for_change()
             if self._fatal is not None:
                 raise self._fatal
             over = total_crossed(st.totals, spec.max_rejected_total)  # None without the option: no new command
@@ -176,6 +191,37 @@ class S3BatchWorkflow:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return len(group)
+
+    def _straggling(self, started: int) -> bool:
+        """The run is full, more files wait for the next run, and the files in flight have had their
+        grace (``HAND_OVER_GRACE``): they should be handed over. Starts the grace timer when due."""
+        st = self._state
+        more = st.pending or not st.listing_done
+        if st.paused or not more or not run_is_full(st, started) or not self._books.may_hand_over():
+            return False
+        if not workflow.patched(HAND_OVER_STRAGGLERS):
+            return False
+        if self._grace is None:
+            self._grace = asyncio.create_task(self._grace_timer())
+        return self._grace.done()
+
+    async def _grace_timer(self) -> None:
+        await workflow.sleep(HAND_OVER_GRACE)
+        self._wake += 1
+
+    async def _hand_over(self) -> None:
+        """Stop the files in flight at their next chunk boundary (after their checkpoint) and put them
+        at the front of the pending files: the next run resumes them and fills every slot again."""
+        workflow.logger.info("handing %d file(s) in flight over to the next run", len(self._books.in_flight))
+        self._handing_over = True
+        await self._stop_in_flight()
+
+    async def _stop_in_flight(self) -> None:
+        for task in list(self._tasks):
+            # The activities use WAIT_CANCELLATION_COMPLETED: each task ends once its activity
+            # has stopped after its last checkpoint (or finished anyway).
+            task.cancel()
+        await workflow.wait_condition(lambda: not self._active)
 
     async def _wait_for_change(self) -> None:
         """Until a file activity ends or a control update arrives."""
@@ -201,34 +247,29 @@ class S3BatchWorkflow:
             self._state.totals.files_cancelled,
             self._state.totals.files_not_started,
         )
+        await self._close(spec, "cancelled")
+
+    async def _close(self, spec: S3BatchInput, status: JobStatus) -> str:
+        """Write the report and the ledger of a job ending ``status``; returns the report's key."""
         self._books.check()
-        key = await write_report(spec, self._state, "cancelled", self._books.results)
-        await write_ledger(spec, self._given or spec, "cancelled", key, listing_done=self._state.listing_done)
-        self._update_details(final="cancelled")
+        key = await write_report(spec, self._state, status, self._books.results)
+        await write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done)
+        self._update_details(final=status)
         await workflow.wait_condition(workflow.all_handlers_finished)
+        return key
 
     async def _stop_files(self) -> None:
         """Stop the files in flight at a chunk boundary (``cancelled``); the others are ``not_started``."""
-        for task in list(self._tasks):
-            # The activities use WAIT_CANCELLATION_COMPLETED: each task ends once its activity
-            # has stopped after its last checkpoint (or finished anyway).
-            task.cancel()
-        await workflow.wait_condition(lambda: not self._active)
+        await self._stop_in_flight()
         # Files that never started are in the report too (a redrive of this job picks them up), and
         # the listing's position: a redrive lists on after the last key this job saw.
-        for obj in self._state.pending:
-            self._books.record(FileResult.not_started(obj.key, obj.etag))
-        self._state.pending = []
+        self._books.close_pending()
 
     async def _stop_for_rejects(self, spec: S3BatchInput, reason: str) -> S3BatchResult:
         """Over ``max_rejected_total``: stop the files like a cancel, write the report, fail the job."""
         self._stopping = True
         await self._stop_files()
-        self._books.check()
-        key = await write_report(spec, self._state, "failed", self._books.results)
-        await write_ledger(spec, self._given or spec, "failed", key, listing_done=self._state.listing_done)
-        self._update_details(final="failed")
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        key = await self._close(spec, "failed")
         raise ApplicationError(
             f"{reason} The report: s3://{spec.output_bucket}/{key}", type=TOO_MANY_REJECTS, non_retryable=True
         )
@@ -241,15 +282,7 @@ class S3BatchWorkflow:
         else:
             page = await workflow.execute_activity_method(
                 S3Activities.list_objects,
-                ListObjectsInput(
-                    bucket=spec.bucket,
-                    prefix=spec.prefix,
-                    continuation_token=st.continuation_token,
-                    page_size=LIST_PAGE_SIZE,
-                    report=spec.only_failed_of,
-                    manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
-                    selection=spec.selection() if spec.selection().active else None,
-                ),
+                listing_input(spec, st, LIST_PAGE_SIZE),
                 start_to_close_timeout=SHORT_TIMEOUT,
                 retry_policy=SHORT_RETRY,
             )
@@ -258,43 +291,28 @@ class S3BatchWorkflow:
             st.pending.extend(page.objects)
         else:
             st.pending = list(page.objects)
-        if page.objects:
-            st.last_listed_key = page.objects[-1].key
-        if st.listed_digest is not None:
-            st.listed_digest = combine(st.listed_digest, key_digest(obj.key for obj in page.objects))
-        st.continuation_token = page.next_token
-        st.listing_done = page.next_token is None
-        st.totals.files_listed += len(page.objects)
+        self._books.listed(page)
         self._update_details()
-
-    def _start_file_activity(self, group: list[ObjectRef]) -> workflow.ActivityHandle[Any]:
-        options = file_activity_options(self._spec)
-        if len(group) == 1:
-            return workflow.start_activity_method(
-                S3Activities.process_file, file_input(self._spec, group[0]), summary=group[0].key, **options
-            )
-        return workflow.start_activity_method(
-            S3Activities.process_group,
-            ProcessGroupInput(file=file_input(self._spec, group[0]), more=group[1:]),
-            summary=f"{group[0].key} and {len(group) - 1} more small files",
-            **options,
-        )
 
     async def _process(self, group: list[ObjectRef]) -> None:
         results: list[FileResult] = []
-        handle = self._start_file_activity(group)
+        handle = start_file_activity(self._spec, group)
         try:
             outcome = await handle
             results = outcome if isinstance(outcome, list) else [outcome]
         except asyncio.CancelledError:
-            # Only the job's cancellation cancels this task; the activity has already stopped. When
+            # Only the job's cancellation (or a hand-over) cancels this task; the activity has stopped. When
             # it completed in the very activation that cancelled it, the SDK still raises: its
             # result (the files it finished) is then taken from the handle.
             results = completed_anyway(handle) or [cancelled_result(obj) for obj in group]
         except ActivityError as err:
-            results = self._failed(group, err)
+            stopped = self._cancelling or self._stopping or self._handing_over
+            results = self._books.failed(group, err, self._spec.max_attempts, stopped=stopped)
         try:
-            self._books.record_group(group, results, self._spec.bucket)
+            if self._handing_over and not (self._cancelling or self._stopping):
+                self._books.hand_over(group, results, self._spec.bucket)
+            else:
+                self._books.record_group(group, results, self._spec.bucket)
         except ApplicationError as err:
             # An exception in this task would be lost: the scheduling loop raises it.
             self._fatal = err
@@ -304,19 +322,6 @@ class S3BatchWorkflow:
             self._active -= 1
             self._finished += 1
             self._update_details()
-
-    def _failed(self, group: list[ObjectRef], err: ActivityError) -> list[FileResult]:
-        """The results of a failed file activity (none when a group's files are put back to run alone)."""
-        if (self._cancelling or self._stopping) and is_cancelled_exception(err):
-            return [cancelled_result(obj) for obj in group]
-        if len(group) == 1:
-            return [failed_result(group[0], err, self._spec.max_attempts)]
-        # Give each file of the failed group its own activity (and its own retries), so one
-        # bad file cannot fail its neighbours.
-        workflow.logger.warning("group of %d files failed (%s); retrying them one by one", len(group), err)
-        self._state.pending[0:0] = group
-        self._state.solo.extend(obj.key for obj in group)
-        return []
 
     async def _continue_as_new(self) -> None:
         st = self._state
@@ -347,10 +352,7 @@ class S3BatchWorkflow:
         failed = st.totals.files_failed > spec.max_failed_files
         empty = spec.fail_if_empty and st.totals.files_listed == 0 and workflow.patched(FAIL_IF_EMPTY)
         status: JobStatus = "failed" if failed or empty else "succeeded"
-        key = await write_report(spec, self._state, status, self._books.results)
-        await write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done)
-        self._update_details(final=status)
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        key = await self._close(spec, status)
         error = job_failure(spec, st.totals, key, failed=failed, empty=empty)
         if error is not None:
             raise error

@@ -8,12 +8,12 @@ import asyncio
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
     from s3batch.errors import ACCOUNTING_ERROR, describe_failure
-    from s3batch.messages import FileResult, JobState, ObjectRef
+    from s3batch.messages import FileResult, JobState, ListObjectsResult, ObjectRef
     from s3batch.rejects import counts_of, with_job_warnings
 
 
@@ -30,6 +30,17 @@ class Books:
         """Files whose activity is running, by key."""
         self.results: list[FileResult] = []
         """This run's per-file results (flushed to a report segment at continue-as-new)."""
+
+    def listed(self, page: ListObjectsResult) -> None:
+        """Count a listing page's files (already added to ``pending``) and where the listing stands."""
+        st = self.state
+        if page.objects:
+            st.last_listed_key = page.objects[-1].key
+        if st.listed_digest is not None:
+            st.listed_digest = combine(st.listed_digest, key_digest(obj.key for obj in page.objects))
+        st.continuation_token = page.next_token
+        st.listing_done = page.next_token is None
+        st.totals.files_listed += len(page.objects)
 
     def record_group(self, group: list[ObjectRef], results: list[FileResult], bucket: str) -> None:
         """Record the results of one activity: exactly one per file of its group (none when the
@@ -74,6 +85,70 @@ class Books:
         if self.state.done_digest is not None:
             self.state.done_digest = combine(self.state.done_digest, key_digest([result.key]))
         self.results.append(result)
+        self._forget_hand_over(result.key)
+
+    def hand_over(self, group: list[ObjectRef], results: list[FileResult], bucket: str) -> None:
+        """Put the files of ``group`` that stopped for a hand-over (their result says ``cancelled``)
+        back at the front of ``pending``, for the next run, and record the others (files finished or
+        failed meanwhile). Neither succeeded nor failed, a handed-over file is counted once, when its
+        result comes in a later run.
+
+        A file whose leg committed no chunk since its last hand-over is ``kept``: it is not handed
+        over again, so every file makes progress.
+        """
+        st = self.state
+        stopped = {r.key: r.chunks for r in results if r.status == "cancelled"}
+        again = [obj for obj in group if obj.key in stopped]
+        handed = st.handed_over or {}
+        for obj in again:
+            chunks = stopped.get(obj.key, 0)
+            if obj.key in handed and chunks <= handed[obj.key]:
+                st.kept = [*(st.kept or []), obj.key]
+            handed[obj.key] = max(chunks, handed.get(obj.key, 0))
+        st.handed_over = handed or None
+        st.pending[0:0] = again
+        rest = [obj for obj in group if obj.key not in stopped]
+        if rest:
+            self.record_group(rest, [r for r in results if r.status != "cancelled"], bucket)
+
+    def failed(
+        self, group: list[ObjectRef], err: ActivityError, max_attempts: int, *, stopped: bool
+    ) -> list[FileResult]:
+        """The results of a failed file activity (none when a group's files are put back to run alone).
+
+        ``stopped``: the workflow asked the activity to stop (a cancel, ``max_rejected_total``, a hand-over).
+        """
+        if stopped and is_cancelled_exception(err):
+            return [cancelled_result(obj) for obj in group]
+        if len(group) == 1:
+            return [failed_result(group[0], err, max_attempts)]
+        # Give each file of the failed group its own activity (and its own retries), so one
+        # bad file cannot fail its neighbours.
+        workflow.logger.warning("group of %d files failed (%s); retrying them one by one", len(group), err)
+        self.state.pending[0:0] = group
+        self.state.solo.extend(obj.key for obj in group)
+        return []
+
+    def may_hand_over(self) -> bool:
+        """No file in flight is ``kept`` (each of them may be handed over)."""
+        kept = self.state.kept or []
+        return bool(self.in_flight) and not any(key in kept for key in self.in_flight)
+
+    def close_pending(self) -> None:
+        """Record the pending files of a stopped job: ``not_started``, but ``cancelled`` for a file an
+        earlier run handed over (it has committed output, whose counts the report reads back)."""
+        handed = self.state.handed_over or {}
+        for obj in self.state.pending:
+            self.record(cancelled_result(obj) if obj.key in handed else FileResult.not_started(obj.key, obj.etag))
+        self.state.pending = []
+
+    def _forget_hand_over(self, key: str) -> None:
+        st = self.state
+        if st.handed_over and key in st.handed_over:
+            del st.handed_over[key]
+            st.handed_over = st.handed_over or None
+        if st.kept and key in st.kept:
+            st.kept = [k for k in st.kept if k != key] or None
 
     def check(self) -> None:
         """Fail the job loudly when its counts or key digests do not add up (a lost or doubled file).

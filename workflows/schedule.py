@@ -1,6 +1,7 @@
 """How the workflow runs its activities: the options of the short activities and of the file
-activities, the input of a file activity, and which pending files go together into one activity
-(a group of small files). Pure functions: nothing here issues a workflow command."""
+activities, the input of a file activity and the start of one, which pending files go together into
+one activity (a group of small files), and when a run is full. Nothing here awaits: but for
+:func:`start_file_activity`, these are pure functions."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
+    from s3batch.activities.s3_activities import S3Activities
+
     from s3batch.errors import NON_RETRYABLE_TYPES
-    from s3batch.messages import JobState, ObjectRef, ProcessFileInput
+    from s3batch.messages import JobState, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
     from s3batch.models import S3BatchInput
 
 SHORT_TIMEOUT = timedelta(minutes=5)
@@ -25,6 +28,10 @@ SHORT_RETRY = RetryPolicy(
     non_retryable_error_types=NON_RETRYABLE_TYPES,
 )
 """Retries of the short activities."""
+HAND_OVER_GRACE = timedelta(seconds=1)
+"""Once a run has started its ``files_per_run`` files, how long its files in flight may go on before
+those still running are stopped at a chunk boundary and handed to the next run (whose files then
+fill the slots the run's last small files leave)."""
 
 
 def file_activity_options(spec: S3BatchInput) -> dict[str, Any]:
@@ -43,6 +50,21 @@ def file_activity_options(spec: S3BatchInput) -> dict[str, Any]:
             non_retryable_error_types=NON_RETRYABLE_TYPES,
         ),
     }
+
+
+def start_file_activity(spec: S3BatchInput, group: list[ObjectRef]) -> workflow.ActivityHandle[Any]:
+    """Start the activity of one file, or of a group of small files (the one command issued here)."""
+    options = file_activity_options(spec)
+    if len(group) == 1:
+        return workflow.start_activity_method(
+            S3Activities.process_file, file_input(spec, group[0]), summary=group[0].key, **options
+        )
+    return workflow.start_activity_method(
+        S3Activities.process_group,
+        ProcessGroupInput(file=file_input(spec, group[0]), more=group[1:]),
+        summary=f"{group[0].key} and {len(group) - 1} more small files",
+        **options,
+    )
 
 
 def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
@@ -66,6 +88,25 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
         encoding=spec.encoding,
         sink=spec.sink,
     )
+
+
+def listing_input(spec: S3BatchInput, st: JobState, page_size: int) -> ListObjectsInput:
+    """The input of the next listing page of a job that is not incremental."""
+    return ListObjectsInput(
+        bucket=spec.bucket,
+        prefix=spec.prefix,
+        continuation_token=st.continuation_token,
+        page_size=page_size,
+        report=spec.only_failed_of,
+        manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
+        selection=spec.selection() if spec.selection().active else None,
+    )
+
+
+def run_is_full(st: JobState, started: int) -> bool:
+    """The run has started its ``files_per_run`` files (or its history is long enough): it starts
+    no more, and continues as new once its files in flight are done."""
+    return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested()
 
 
 def next_group(st: JobState, spec: S3BatchInput, limit: int) -> list[ObjectRef]:

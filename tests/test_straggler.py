@@ -1,0 +1,262 @@
+"""A straggler at continue-as-new: a run that has started its files hands the big file still in flight
+to the next run (stopped at a chunk boundary, resumed from its committed checkpoint), so the next
+run's small files fill the other slots instead of waiting for it (issue 11, point 4).
+
+Real Temporal dev server and SeaweedFS; the big file is slow by its handler (50 ms a chunk of 100
+records), the job continues as new every 3 files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
+from s3batch.workflows.books import Books
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
+from temporalio.worker import Replayer, Worker
+
+from s3batch.formats.common import Record
+from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
+from s3batch.messages import FileResult, JobState, ObjectRef, S3BatchResult
+from s3batch.plugin import S3BatchPlugin
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_exactly_once
+from tests.helpers.data import make_csv, put_files
+from tests.helpers.jobs import new_id, slow_job
+from tests.helpers.output import read_jsonl, report
+
+BIG = "in/a-big.csv"
+"""Listed first, so the first run starts it with its first small files."""
+BIG_ROWS = 8_000
+"""80 chunks of 100 records at 50 ms each: several seconds, longer than a run of small files."""
+SMALL_ROWS = 50
+SMALLS = [f"in/s{i:02d}.csv" for i in range(9)]
+FILES_PER_RUN = 3
+
+GATES: dict[str, tuple[int, threading.Event]] = {}
+"""Per source bucket: the chunk of the big file at which the handler waits until the event is set."""
+
+
+@chunk_handler("straggler_slow")
+def straggler_slow(records: Sequence[Record]) -> HandlerResult:
+    """Passthrough, 50 ms a chunk; the big file's chunk of its bucket's gate waits for the gate."""
+    context = chunk_context()
+    gate = GATES.get(context.bucket)
+    if gate is not None and context.key == BIG and context.chunk == gate[0]:
+        gate[1].wait(120)
+    time.sleep(0.05)
+    return HandlerResult([r.value for r in records], [])
+
+
+def _put_job_files(s3: Any, src: str) -> None:
+    put_files(s3, src, {BIG: make_csv(BIG_ROWS), **{key: make_csv(SMALL_ROWS) for key in SMALLS}})
+
+
+def _spec(src: str, out: str) -> dict[str, Any]:
+    spec = slow_job(src, out, handler="straggler_slow", max_concurrent_files=4)
+    return spec.model_dump(mode="json")
+
+
+async def _start(client: Client, task_queue: str, src: str, out: str, tag: str) -> WorkflowHandle[Any, Any]:
+    """The job, continuing as new every ``FILES_PER_RUN`` files (the state's tuning knob)."""
+    return await client.start_workflow(
+        S3BatchWorkflow.run,
+        args=[_spec(src, out), {"files_per_run": FILES_PER_RUN}],
+        id=new_id(tag),
+        task_queue=task_queue,
+        result_type=S3BatchResult,
+    )
+
+
+async def _runs(client: Client, handle: WorkflowHandle[Any, Any]) -> list[list[Any]]:
+    """The events of each run of the job, first run first, following continue-as-new."""
+    runs: list[list[Any]] = []
+    run_id = handle.first_execution_run_id or handle.result_run_id
+    while run_id:
+        events = (await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()).events
+        runs.append(list(events))
+        last = events[-1]
+        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            break
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return runs
+
+
+async def _file_activities(client: Client, events: list[Any]) -> dict[int, str]:
+    """The file scheduled by each activity of a run (its summary is the file's key), by event ID."""
+    converter = client.data_converter.payload_converter
+    found: dict[int, str] = {}
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.HasField("user_metadata"):
+            found[e.event_id] = converter.from_payload(e.user_metadata.summary, str)
+    return found
+
+
+def _cancel_requested(events: list[Any]) -> set[int]:
+    """Scheduled-event IDs of the activities the run asked to stop."""
+    return {
+        e.activity_task_cancel_requested_event_attributes.scheduled_event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    }
+
+
+def _check_report_books(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One report entry per listed file, and the totals are the sums of the entries; entries by key."""
+    entries = {e["key"]: e for e in rep["files"]}
+    assert sorted(e["key"] for e in rep["files"]) == sorted([BIG, *SMALLS]), "each file exactly once in the report"
+    totals = rep["totals"]
+    assert totals["files_listed"] == 1 + len(SMALLS)
+    for field in ("records", "records_written", "rejected"):
+        assert totals[field] == sum(e[field] for e in entries.values()), field
+    by_status = {s: sum(1 for e in entries.values() if e["status"] == s) for s in ("succeeded", "cancelled")}
+    assert totals["files_succeeded"] == by_status["succeeded"]
+    assert totals["files_cancelled"] == by_status["cancelled"]
+    return entries
+
+
+async def test_straggler_is_handed_over_and_the_next_runs_fill_the_slots(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    src, out = buckets
+    _put_job_files(s3, src)
+    handle = await _start(client, task_queue, src, out, "straggler")
+    result = await handle.result()
+
+    assert result.status == "succeeded"
+    assert result.totals.files_succeeded == 1 + len(SMALLS)
+    assert result.totals.records_written == BIG_ROWS + SMALL_ROWS * len(SMALLS)
+    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
+    for key in SMALLS:
+        assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
+    entries = _check_report_books(report(s3, out))
+    # Its last leg resumed from the checkpoint committed before the hand-over (found on S3: a new
+    # activity has no heartbeat of its own), never from the start.
+    assert entries[BIG]["resumed_from_record"] > 0, entries[BIG]
+
+    runs = await _runs(client, handle)
+    legs = []  # (run, stopped for a hand-over) of each activity of the big file
+    for index, events in enumerate(runs):
+        stopped = _cancel_requested(events)
+        legs += [(index, sid in stopped) for sid, key in (await _file_activities(client, events)).items() if key == BIG]
+    assert len({run for run, _ in legs}) >= 2, f"the big file ran in one run only: {legs}"
+    assert [s for _, s in legs][:-1] == [True] * (len(legs) - 1) and not legs[-1][1], legs
+    # Small files started in the runs after the first hand-over, beside the big file: the slots were used.
+    first_hand_over = legs[0][0]
+    later = [key for events in runs[first_hand_over + 1 :] for key in (await _file_activities(client, events)).values()]
+    assert set(SMALLS) & set(later), "no small file ran beside the handed-over big file"
+
+    # The new history (a hand-over: marker, timer, activity cancel) replays with the current code.
+    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
+    for events in runs[:-1]:
+        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
+    for run_id in chain_ids:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        replayed = await replayer.replay_workflow(history)
+        assert replayed.replay_failure is None, run_id
+
+
+async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its_committed_records(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    src, out = buckets
+    _put_job_files(s3, src)
+    gate_chunk, gate = 3, threading.Event()
+    GATES[src] = (gate_chunk, gate)  # the big file waits in its chunk 3: the hand-over must wait for it
+    try:
+        handle = await _start(client, task_queue, src, out, "strag-cancel")
+
+        async def hand_over_requested() -> bool:
+            events = (await handle.fetch_history()).events
+            return bool(_cancel_requested(list(events)))
+
+        await wait_for(hand_over_requested, 60, "the first run asking the big file to stop (a hand-over)")
+        await handle.cancel()
+
+        async def cancel_recorded() -> bool:
+            events = (await handle.fetch_history()).events
+            return any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED for e in events)
+
+        await wait_for(cancel_recorded, 30, "the job's cancel request in the run handing over")
+    finally:
+        gate.set()
+        del GATES[src]
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+
+    runs = await _runs(client, handle)
+    assert len(runs) == 1, "the job was cancelled in the run handing over: it never continued as new"
+    rep = report(s3, out)
+    assert rep["status"] == "cancelled"
+    entries = _check_report_books(rep)
+    big = entries[BIG]
+    # It stopped at a chunk boundary after the gated chunk (once the cancellation reached it with a
+    # heartbeat's response): its records are those of its committed chunks, each exactly once, in order.
+    assert big["status"] == "cancelled", big
+    assert (gate_chunk + 1) * 100 <= big["records"] < BIG_ROWS and big["records"] % 100 == 0, big
+    ids = [int(r["id"]) for r in read_jsonl(s3, out, f"o/{BIG}/")]
+    assert ids == list(range(big["records"]))
+    for key in SMALLS:
+        if entries[key]["status"] == "succeeded":
+            assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
+        else:
+            assert entries[key]["status"] == "not_started" and not read_jsonl(s3, out, f"o/{key}/"), entries[key]
+    assert sum(e["status"] == "succeeded" for e in entries.values()) == FILES_PER_RUN - 1
+
+
+def _ref(key: str) -> ObjectRef:
+    return ObjectRef(key=key, etag="e", size=10)
+
+
+def _stopped(key: str, chunks: int) -> FileResult:
+    return FileResult(key=key, etag="e", status="cancelled", chunks=chunks)
+
+
+def test_a_file_whose_leg_commits_no_chunk_is_not_handed_over_again() -> None:
+    st = JobState()
+    books = Books(st)
+    big, small = _ref("big"), _ref("small")
+    st.totals.files_listed = 2
+    books.in_flight = {"big": big, "small": small}
+    assert books.may_hand_over()
+    done = FileResult(key="small", etag="e", status="succeeded", records=3, records_written=3)
+    books.hand_over([big, small], [_stopped("big", 4), done], "src")
+    # The big file waits at the front of the next run's files; the small one is recorded once.
+    assert [o.key for o in st.pending] == ["big"] and st.handed_over == {"big": 4} and st.kept is None
+    assert [r.key for r in books.results] == ["small"] and st.totals.files_succeeded == 1
+    # A second leg that committed chunks: handed over again.
+    st.pending.clear()
+    books.in_flight = {"big": big}
+    books.hand_over([big], [_stopped("big", 9)], "src")
+    assert st.handed_over == {"big": 9} and st.kept is None
+    # A leg that committed nothing (stopped before its first chunk): the file is kept to its end.
+    st.pending.clear()
+    books.hand_over([big], [_stopped("big", 9)], "src")
+    assert st.kept == ["big"]
+    books.in_flight = {"big": big}
+    assert not books.may_hand_over()
+    # Its result, once it comes, is recorded once and clears the hand-over state.
+    st.pending.clear()
+    books.record(FileResult(key="big", etag="e", status="succeeded"))
+    books.in_flight = {}
+    books.check()
+    assert st.handed_over is None and st.kept is None
+    assert st.model_dump(mode="json").keys().isdisjoint({"handed_over", "kept"}), "left out of the state when unset"
+
+
+def test_a_job_stopped_with_a_handed_over_file_pending_reports_it_cancelled() -> None:
+    st = JobState(pending=[_ref("big"), _ref("never")], handed_over={"big": 2})
+    st.totals.files_listed = 2
+    books = Books(st)
+    books.close_pending()
+    assert [(r.key, r.status) for r in books.results] == [("big", "cancelled"), ("never", "not_started")]
+    books.check()
+
