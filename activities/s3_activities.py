@@ -11,6 +11,7 @@ the handler in ``handling``; checkpoints in :mod:`s3batch.checkpoint`, the repor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -39,7 +40,7 @@ from s3batch.messages import (
     ReportSegmentInput,
 )
 from s3batch.models import JobSpec
-from s3batch.report import JobReport, assemble_report, books_error, read_report, read_segment, segment_body
+from s3batch.report import JobReport, books_error, final_report, put_report, read_report, read_segment, segment_body
 from s3batch.s3io import check_allowed, check_ceilings, raise_s3_error, sse_params
 from s3batch.selection import split_s3_uri
 from s3batch.sinks.spec import PostgresSink
@@ -206,12 +207,16 @@ class S3Activities:
     @activity.defn(name="s3batch.write_report")
     @boundary()
     def write_report(self, req: FinalReportInput) -> str:
-        """Write ``{output_prefix}_report.json``: every file of the job and the totals."""
+        """Write ``{output_prefix}_report.json``: every file of the job and the totals, streamed from the
+        segments of the earlier runs (memory bounded by one segment and one upload part, whatever the
+        number of files; see ``s3batch.report``)."""
         job = req.job
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
-        files: list[dict[str, Any]] = []
-        for segment in range(req.segments):
-            files.extend(read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment)))
+
+        def segments() -> Iterator[dict[str, Any]]:
+            for segment in range(req.segments):
+                yield from read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment))
+
         redriven = None
         if not req.listing_done and job.only_failed_of:
             redriven = self._read_report(job.only_failed_of)
@@ -221,10 +226,10 @@ class S3Activities:
             secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
             done, totals = fill_cancelled(self.s3, job.output_bucket, job.output_prefix, req.files, req.totals, secret)
             req = req.model_copy(update={"files": done, "totals": totals})
-        report = assemble_report(req, files, redriven)
+        report = final_report(req, segments, redriven)
         key = layout.report_key(job.output_prefix)
-        self._put(job.output_bucket, key, report.to_json(), "application/json")
-        error = books_error(report, job.output_bucket, key)
+        put_report(self.s3, job.output_bucket, key, report.chunks(), sse_params(self.settings))
+        error = books_error(report.head, job.output_bucket, key)
         if error is not None:
             raise error
         return key

@@ -8,19 +8,33 @@ final report gathers. Everything that writes or reads a report goes through this
 
 The JSON is ``json.dumps(report, indent=1)`` of :class:`JobReport`, with its keys in the order of its
 fields; ``accounting_errors`` appears only when the books do not add up.
+
+Big jobs: the report stays one JSON document whatever the number of files (the same key, the same
+bytes as for a small job), written as a stream: :func:`final_report` goes over the segments twice,
+first to check the books (counts and the key digest: constant memory), then to write the document
+file by file (:meth:`FinalReport.chunks`) into a multipart upload (:func:`put_report`), so the writer
+holds one segment (one run's results) and one upload part, never the job's files. One document, not
+a manifest of per-segment files (Step Functions' ResultWriter), because everything that reads a
+report reads that one object: ``s3batch report``, a redrive (which copies it and lists its failed
+files), the output-ownership check, the incremental ledger, and users' own tools (``jq``); a manifest
+would have made every one of them, and every report already written, a second format to read. Its
+cost: the segments are read twice, and a reader of a million-file report parses a big document.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from s3batch.accounting import combine, key_digest, report_problems
+from s3batch.accounting import combine, key_digest
 from s3batch.errors import AccountingError, InvalidInput
 from s3batch.messages import FileResult, FinalReportInput, Totals
 from s3batch.models import REDRIVE_STATUSES
@@ -28,6 +42,7 @@ from s3batch.s3io import error_code, raise_s3_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 
 class ReportFile(FileResult):
@@ -149,7 +164,7 @@ def segment_body(files: list[FileResult]) -> bytes:
 
 
 def read_segment(s3: S3Client, bucket: str, key: str) -> list[dict[str, Any]]:
-    """The file results of the report segment at ``s3://bucket/key``."""
+    """The file results of the report segment at ``s3://bucket/key`` (one run's: a few thousand at most)."""
     try:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except (ClientError, BotoCoreError) as err:
@@ -157,19 +172,100 @@ def read_segment(s3: S3Client, bucket: str, key: str) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in body.splitlines() if line]
 
 
-def assemble_report(
-    req: FinalReportInput, segment_files: list[dict[str, Any]], redriven: JobReport | None = None
-) -> JobReport:
-    """The final report of the job of ``req``: the files of its segments, then those of its last run.
+Entries = Callable[[], Iterable[dict[str, Any]]]
+"""The file results of a report, in order, as a function that yields them afresh at each call (the
+writer goes over them twice: once to check the books, once to write)."""
+
+
+class _Books:
+    """The report's books, counted while its files stream past (constant memory: counts and the digest)."""
+
+    def __init__(self) -> None:
+        self.files = 0
+        self.statuses: dict[str, int] = {}
+        self.digest = 0
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.files += 1
+        status = str(entry.get("status"))
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        self.digest += key_digest([str(entry.get("key"))])
+
+    def problems(self, entries: Entries, totals: dict[str, int], listed_digest: int | None) -> list[str]:
+        """What is wrong with the report's files given the job's totals (empty when the books agree):
+        every listed key in the report exactly once, the per-status counts equal to the totals."""
+        problems: list[str] = []
+        if self.files != totals.get("files_listed"):
+            problems.append(f"the report lists {self.files} files, but the job listed {totals.get('files_listed')}")
+        counts = []
+        for status in ("succeeded", "failed", "cancelled", "not_started"):
+            counted, said = self.statuses.get(status, 0), totals.get(f"files_{status}")
+            if counted != said:
+                counts.append(f"the report has {counted} {status} files, the totals say {said}")
+        digest_off = listed_digest is not None and self.digest % 2**63 != listed_digest
+        if problems or counts or digest_off or listed_digest is None:
+            # A repeated key changes the count or the digest, so with a digest the books already fail:
+            # only then (or for a job started before digests) are the keys gone over again, to say how
+            # many repeat. That pass holds the set of keys; the one that checks the books holds none.
+            repeated = self.files - len({str(e.get("key")) for e in entries()})
+            if repeated:
+                problems.append(f"{repeated} key(s) appear more than once in the report")
+        problems.extend(counts)
+        if digest_off:
+            problems.append("the report's keys are not the keys the job listed")
+        return problems
+
+
+class FinalReport:
+    """The final report of a job, ready to be written: its summary (the whole report but its files)
+    and the file results, streamed from their segments into the JSON document (see :meth:`chunks`)."""
+
+    def __init__(self, summary: dict[str, Any], entries: Entries) -> None:
+        self.summary = summary
+        """The report's JSON object without ``files`` (in the order of :class:`JobReport`'s fields)."""
+        self.entries = entries
+
+    @property
+    def head(self) -> JobReport:
+        """The report with an empty ``files`` list: status, totals, listing, accounting errors."""
+        return JobReport.model_validate({**self.summary, "files": []})
+
+    def chunks(self) -> Iterator[bytes]:
+        """The report's JSON, piece by piece: the same bytes as ``JobReport.to_json`` of the whole
+        report, with at most one file's JSON in memory at a time."""
+        marker = f"s3batch-files-{uuid.uuid4().hex}"
+        document = self.head.model_dump(mode="json", exclude_unset=True)
+        document["files"] = [marker]
+        before, after = json.dumps(document, indent=1).split(json.dumps(marker))
+        # ``before`` ends with the list's "[\n  ", ``after`` starts with its "\n ]": a JSON string never
+        # holds a raw line break, so re-indenting each file's own indent=1 JSON by two spaces is exact.
+        first = True
+        for entry in self.entries():
+            item = ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True)
+            text = json.dumps(item, indent=1).replace("\n", "\n  ")
+            if first:
+                yield before.encode()
+                first = False
+                yield text.encode()
+            else:
+                yield b",\n  " + text.encode()
+        if first:  # no file: "files": []
+            yield before[: -len("\n  ")].encode()
+            after = after[len("\n ") :]
+        yield after.encode()
+
+
+def final_report(req: FinalReportInput, segments: Entries, redriven: JobReport | None = None) -> FinalReport:
+    """The final report of the job of ``req``: the files of its segments, then those of its last run,
+    with its books checked (``accounting_errors`` and status ``failed`` when they do not add up).
 
     Args:
         req: What the workflow knows at the end.
-        segment_files: The file results flushed by earlier runs, in order.
+        segments: The file results flushed by earlier runs, in order (read afresh at each call).
         redriven: The report this job redrives (``only_failed_of``), needed only when the job was
             cancelled before its listing ended.
     """
     job = req.job
-    files = [*segment_files, *(f.model_dump(mode="json") for f in req.files)]
     totals = req.totals.model_dump(mode="json")
     digest = req.listed_digest
     listing: dict[str, Any] = {
@@ -177,6 +273,7 @@ def assemble_report(
         "continuation_token": req.continuation_token,
         "last_listed_key": req.last_listed_key,
     }
+    unlisted: list[str] = []
     if redriven is not None and not req.listing_done:
         # A redrive cancelled before it listed all it had to redrive: the rest of the redriven
         # report becomes this report's never-started files, and its listing goes on where that
@@ -184,13 +281,18 @@ def assemble_report(
         keys, rest = redrive_plan(redriven, job.prefix)
         token = req.continuation_token or "0"
         unlisted, rest = ([], token[3:]) if token.startswith("s3:") else (keys[int(token) :], rest)
-        files.extend(FileResult.not_started(key).model_dump(mode="json") for key in unlisted)
         totals["files_listed"] += len(unlisted)
         totals["files_not_started"] += len(unlisted)
         if digest is not None:
             digest = combine(digest, key_digest(unlisted))
         listing = {"done": rest is None, "continuation_token": rest, "last_listed_key": req.last_listed_key}
-    report: dict[str, Any] = {
+
+    def entries() -> Iterator[dict[str, Any]]:
+        yield from segments()
+        yield from (f.model_dump(mode="json") for f in req.files)
+        yield from (FileResult.not_started(key).model_dump(mode="json") for key in unlisted)
+
+    summary: dict[str, Any] = {
         "job_id": req.job_id,
         "status": req.status,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(),
@@ -199,16 +301,73 @@ def assemble_report(
         "input": job.model_dump(mode="json"),
         "totals": totals,
         "listing": listing,
-        "files": files,
     }
     if not totals["files_listed"] and listing["done"]:
         # A prefix that matches nothing is most often a typo: said in the report, not only by the CLI.
-        report["warnings"] = [f"no file matched {report['source']}: nothing was processed (check the prefix)"]
-    problems = report_problems(files, totals, digest)
+        summary["warnings"] = [f"no file matched {summary['source']}: nothing was processed (check the prefix)"]
+    books = _Books()
+    for entry in entries():
+        books.add(entry)
+    problems = books.problems(entries, totals, digest)
     if problems:
-        report["status"] = "failed"
-        report["accounting_errors"] = problems
-    return JobReport.model_validate(report)
+        summary["status"] = "failed"
+        summary["accounting_errors"] = problems
+    return FinalReport(summary, entries)
+
+
+def assemble_report(
+    req: FinalReportInput, segment_files: list[dict[str, Any]], redriven: JobReport | None = None
+) -> JobReport:
+    """The final report of :func:`final_report`, whole in memory (for a few files: tests, tools)."""
+    report = final_report(req, lambda: segment_files, redriven)
+    return parse_report(b"".join(report.chunks()), f"the report of job {req.job_id}")
+
+
+PART_BYTES = 8 * 1024 * 1024
+"""Size of the parts of a report written as a multipart upload (S3's smallest part is 5 MiB)."""
+
+
+def put_report(
+    s3: S3Client, bucket: str, key: str, chunks: Iterable[bytes], params: dict[str, Any], part_bytes: int = PART_BYTES
+) -> None:
+    """Write the report ``chunks`` to ``s3://bucket/key``: one PUT when it fits in one part, else a
+    multipart upload holding one part in memory at a time (aborted when a part fails).
+
+    ``params``: more arguments of the PUT (server-side encryption).
+    """
+    pending: list[bytes] = []
+    held = 0
+    upload_id: str | None = None
+    parts: list[CompletedPartTypeDef] = []
+    try:
+        for chunk in chunks:
+            pending.append(chunk)
+            held += len(chunk)
+            if held >= part_bytes:
+                if upload_id is None:
+                    upload_id = s3.create_multipart_upload(
+                        Bucket=bucket, Key=key, ContentType="application/json", **params
+                    )["UploadId"]
+                body = b"".join(pending)
+                pending.clear()
+                held = 0
+                number = len(parts) + 1
+                etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+                parts.append({"PartNumber": number, "ETag": etag})
+        body = b"".join(pending)
+        if upload_id is None:
+            s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", **params)
+            return
+        if body or not parts:
+            number = len(parts) + 1
+            etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
+            parts.append({"PartNumber": number, "ETag": etag})
+        s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+    except (ClientError, BotoCoreError) as err:
+        if upload_id is not None:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        raise_s3_error(err, "writing", bucket, key)
 
 
 def books_error(report: JobReport, bucket: str, key: str) -> AccountingError | None:
