@@ -34,6 +34,7 @@ from decimal import Decimal
 from typing import Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic_core import SchemaSerializer, SchemaValidator, core_schema
 
 from s3batch.errors import UnknownHandler
 from s3batch.formats.common import Record
@@ -239,20 +240,78 @@ class Customer(BaseModel):
 _validate_customer = Customer.model_validate
 _customer_json = Customer.__pydantic_serializer__.to_json
 
+_CANONICAL_AMOUNT = core_schema.str_schema(
+    pattern=r"^(?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,2})?$", strict=True, strip_whitespace=False
+)
+"""The amounts ``Customer`` accepts whose JSON is the input itself: ``str(Decimal(s)) == s``, at most
+12 + 2 digits, no sign, exponent, whitespace or non-ASCII digit (anything else goes the exact way)."""
+
+
+def _refused(value: Any) -> None:
+    """The fast schema's answer for a row it does not take: the row is then validated by ``Customer``."""
+    return None
+
+
+def _fast_rows(model: type[BaseModel], replace: dict[str, core_schema.CoreSchema]) -> Callable[[list[Any]], list[Any]]:
+    """One pydantic-core call for a list of rows: each row's JSON as ``model`` writes it, or None.
+
+    The model's own field schemas (and config) in a typed dict, so no object is built per row and the
+    JSON is written in the same call; ``replace`` narrows fields whose exact validation is slow to the
+    inputs whose JSON is known (the typed dict writes the validated value, the model its own type).
+    A row the narrow schema refuses is None: validate it with the model (it may well be valid).
+    """
+    schema = model.__pydantic_core_schema__
+    if schema["type"] != "model" or schema["schema"]["type"] != "model-fields" or schema["schema"]["computed_fields"]:
+        raise TypeError(f"{model.__name__}: only a plain model (fields, no validators) has a fast row schema")
+    fields = {}
+    for name, field in schema["schema"]["fields"].items():
+        if set(field) - {"type", "schema", "metadata"} or not _plain(field["schema"]):
+            raise TypeError(f"{model.__name__}.{name}: only plain fields (no alias, default, validator or "
+                            "serializer) have a fast row schema")
+        fields[name] = core_schema.typed_dict_field(replace.get(name, field["schema"]))
+    config = schema["config"]
+    row = core_schema.typed_dict_schema(fields, extra_behavior="ignore", strict=True, config=config)
+    as_json = core_schema.no_info_after_validator_function(SchemaSerializer(row).to_json, row)
+    refused = core_schema.no_info_plain_validator_function(_refused)
+    item = core_schema.union_schema([as_json, refused], mode="left_to_right")
+    return SchemaValidator(core_schema.list_schema(item), config).validate_python
+
+
+def _plain(schema: Any) -> bool:
+    """Whether a field schema holds only built-in types and constraints: no default (a typed dict fills
+    it in otherwise) and no function (a validator or serializer may expect the model, not a dict)."""
+    if isinstance(schema, dict):
+        return schema.get("type") != "default" and "serialization" not in schema and all(map(_plain, schema.values()))
+    if isinstance(schema, list | tuple):
+        return all(map(_plain, schema))
+    return not callable(schema) or isinstance(schema, type)
+
+
+_customer_rows = _fast_rows(Customer, {"amount": _CANONICAL_AMOUNT})
+
 
 @chunk_handler("customers")
 def customers(records: Sequence[Record]) -> HandlerResult:
-    """Validate each row against :class:`Customer`; invalid rows become rejects, not failures."""
+    """Validate each row against :class:`Customer`; invalid rows become rejects, not failures.
+
+    The whole chunk goes through one pydantic-core call (:func:`_fast_rows`); the rows it does not take
+    (invalid ones, and valid ones it cannot vouch for) are validated one by one by ``Customer``, so the
+    outputs, rejects and their reasons are exactly those of ``Customer.model_validate`` row by row.
+    """
+    rows = _customer_rows([r.value for r in records])
+    if None not in rows:
+        return HandlerResult(rows, [], encoded=True, dropped=0, lines=[r.line for r in records])
     output: list[bytes] = []
     rejects: list[Reject] = []
     lines: list[int] = []
-    for record in records:
-        try:
-            customer = _validate_customer(record.value)
-        except ValidationError as err:
-            reason = describe_error(err)
-            rejects.append(Reject(record.line, reason, record.value, reason))
-            continue
-        output.append(_customer_json(customer))
+    for record, row in zip(records, rows, strict=True):
+        if row is None:
+            try:
+                row = _customer_json(_validate_customer(record.value))
+            except ValidationError as err:
+                reason = describe_error(err)
+                rejects.append(Reject(record.line, reason, record.value, reason))
+                continue
+        output.append(row)
         lines.append(record.line)
     return HandlerResult(output, rejects, encoded=True, dropped=0, lines=lines)

@@ -1,0 +1,229 @@
+"""The ``customers`` handler validates a chunk in one pydantic-core call, and gives exactly what the
+per-row loop it replaced gives: the same output bytes, rejects (line, reason, value, summary), order,
+``dropped`` and ``lines``, for any records (CSV rows, and any JSON value a JSONL line holds).
+
+The oracle below is a copy of the per-row loop as it was; hypothesis searches for a list of records on
+which the two differ. Pure tests: no server."""
+
+from __future__ import annotations
+
+import decimal
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+import s3batch.handlers as handlers
+from s3batch.dev.sample_data import customers_csv
+from s3batch.formats.common import Record
+from s3batch.formats.csv import CsvParser
+from s3batch.handlers import Customer, HandlerResult, Reject, _fast_rows, customers, describe_error, get_handler
+
+
+def per_row_customers(records: Sequence[Record]) -> HandlerResult:
+    """The ``customers`` handler before the chunk was validated in one call (the oracle)."""
+    output: list[bytes] = []
+    rejects: list[Reject] = []
+    lines: list[int] = []
+    for record in records:
+        try:
+            customer = Customer.model_validate(record.value)
+        except ValidationError as err:
+            reason = describe_error(err)
+            rejects.append(Reject(record.line, reason, record.value, reason))
+            continue
+        output.append(Customer.__pydantic_serializer__.to_json(customer))
+        lines.append(record.line)
+    return HandlerResult(output, rejects, encoded=True, dropped=0, lines=lines)
+
+
+VALID = {
+    "customer_id": "17",
+    "email": "ada.lovelace17@example.com",
+    "name": "Lovelace, Ada",
+    "country": "GB",
+    "amount": "8611.68",
+    "created_at": "2024-01-19T18:03:43Z",
+}
+
+# Per column: values Customer takes (canonical or not), values it refuses, and edge cases of both.
+ODD = {
+    "customer_id": ["1", "0", "-1", "01", " 7 ", "1_000", "1e3", "\u0661\u0662", "9" * 30, "", " ", "7.0", "+7"],
+    "email": [
+        "a@b.co", "a@b", "@b.co", "a b@c.de", "a@@b.co", " a@b.co ", "é@ü.de", "a@b.co\n", "", "x" * 250 + "@b.co",
+    ],
+    "name": [
+        "", " ", "  Ada  ", "Zoë", "\tAda\n", "x" * 200, "x" * 201, "O'Brien \"Ob\"", "\u00a0Ada\u00a0", "\x1cAda",
+    ],
+    "country": ["gb", "GBR", "G", " GB ", "ÉÉ", "", "G B", "GB\n"],
+    "amount": [
+        "0", "0.00", "0.5", "5", "5.0", "10", "05.00", "+5.00", "-0", "-0.00", "-1.00", "1.234", "1e2", "1E+2",
+        " 5.00", "5.00 ", "5.", ".5", "\u0663.\u0665\u0660", "NaN", "inf", "", "999999999999.99", "9999999999999.99",
+        "123456789012", "1234567890123", "0.001", "5.00\n", "1_000.00", "0.10", "100.00",
+    ],
+    "created_at": [
+        "2024-02-29T00:00:00Z", "2023-02-29T00:00:00Z", "2024-13-01T00:00:00Z", "2024-01-01", "2024-01-01 10:00:00",
+        "2024-01-01T10:00:00+01:00", "2024-01-01T10:00:00.123456789Z", "1700000000", "yesterday", "",
+        " 2024-01-01T00:00:00Z ", "2024-01-01T24:00:00Z", "2024-01-01T23:59:60Z", "2024-01-01t00:00:00z",
+    ],
+}
+NON_DICT = [None, 0, 1.5, "row", [], [VALID], True]
+"""A JSONL line may hold any JSON value, not only an object."""
+
+SHAPED = {
+    "customer_id": st.from_regex(r"[ +-]?[0-9]{0,20}(\.0)? ?", fullmatch=True),
+    "amount": st.from_regex(r"-?0?[1-9]?[0-9]{0,13}(\.[0-9]{0,3})?", fullmatch=True)
+    | st.from_regex(r"[ +-]?[0-9]{0,15}(\.[0-9]{0,4})?([eE][+-]?[0-9])? ?", fullmatch=True),
+    "created_at": st.datetimes().map(lambda d: d.isoformat()) | st.from_regex(
+        r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?)?(Z|[+-][0-9]{2}:?[0-9]{2})?",
+        fullmatch=True,
+    ),
+}
+"""Strings shaped like a column's values: numbers with signs, zeros, exponents; dates of every form."""
+text = st.text(st.characters(codec="utf-8"), max_size=12)
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | text
+json_values = st.decimals(allow_nan=False, places=3).map(decimal.Decimal) | json_scalars
+
+
+@st.composite
+def rows(draw: st.DrawFn) -> Any:
+    """A record's value: mostly a customers row with some columns spoiled, sometimes any JSON value."""
+    if draw(st.integers(0, 19)) == 0:
+        return draw(st.sampled_from(NON_DICT) | json_scalars)
+    row: dict[str, Any] = dict(VALID)
+    spoiled = draw(st.sampled_from([0, 1, 1, 1, 1, 2, 3]))  # mostly one: the others valid, to see its effect
+    for column in draw(st.lists(st.sampled_from(list(VALID)), min_size=spoiled, max_size=spoiled, unique=True)):
+        how = draw(st.integers(0, 9))
+        if how < 3:
+            row[column] = draw(st.sampled_from(ODD[column]))
+        elif how < 7:
+            row[column] = draw(SHAPED.get(column, text))
+        elif how == 7:
+            del row[column]  # a missing column
+        elif how == 8:
+            row[column] = draw(text)  # any string, non-ASCII included
+        else:
+            row[column] = draw(json_values)  # a JSONL number, boolean or null where a string was
+    if draw(st.integers(0, 9)) == 0:
+        row[draw(text)] = draw(text)  # an extra column (or a declared one, overwritten)
+    return row
+
+
+@st.composite
+def chunks(draw: st.DrawFn) -> list[Record]:
+    values = draw(st.lists(rows(), max_size=25))
+    first = draw(st.integers(1, 10_000))
+    return [Record(first + 2 * i, value) for i, value in enumerate(values)]
+
+
+def assert_same(records: list[Record]) -> HandlerResult:
+    expected = per_row_customers(records)
+    got = customers(records)
+    assert got == expected
+    assert [type(b) for b in got.output] == [bytes] * len(expected.output)
+    return got
+
+
+@settings(max_examples=400, deadline=None)
+@given(chunks())
+@example([])
+@example([Record(2, dict(VALID)), Record(3, None), Record(4, {**VALID, "amount": " 5.00"})])
+def test_customers_gives_what_the_per_row_loop_gave(records: list[Record]) -> None:
+    assert_same(records)
+
+
+@pytest.mark.parametrize("column", list(ODD))
+def test_every_odd_value_of_a_column_alone(column: str) -> None:
+    """Each listed edge case, in a chunk of valid rows: same result as the per-row loop."""
+    records = [Record(10 + i, {**VALID, column: value}) for i, value in enumerate(ODD[column])]
+    records += [Record(100 + i, value) for i, value in enumerate(NON_DICT)]
+    result = assert_same(records)
+    assert result.output or result.rejects
+
+
+def test_valid_rows_the_fast_schema_does_not_vouch_for_are_still_outputs() -> None:
+    """An amount that is valid but not written as Customer writes it ("05.00", "1e2", " 5.00") is
+    validated by Customer itself: an output in its place, in Customer's JSON."""
+    values = [{**VALID, "amount": a} for a in ("05.00", "1e2", " 5.00", "8611.68")]
+    assert _customer_rows(values)[:3] == [None, None, None]
+    result = assert_same([Record(2 + i, v) for i, v in enumerate(values)])
+    assert [json.loads(b)["amount"] for b in result.output] == ["5.00", "1E+2", "5.00", "8611.68"]
+    assert result.lines == [2, 3, 4, 5] and result.rejects == []
+
+
+def test_rejects_keep_their_line_reason_value_and_summary() -> None:
+    bad = {**VALID, "email": "not-an-email", "amount": "-1"}
+    result = assert_same([Record(2, dict(VALID)), Record(3, bad), Record(4, {"customer_id": "1"}), Record(5, 7)])
+    assert [r.line for r in result.rejects] == [3, 4, 5] and result.lines == [2]
+    first = result.rejects[0]
+    assert first.value is bad and first.reason == first.summary
+    assert first.reason == (
+        "email: String should match pattern '^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$'; amount: Input should be greater than "
+        "or equal to 0"
+    )
+    assert "not-an-email" not in first.summary
+    assert result.rejects[2].reason == "record: Input should be a valid dictionary or instance of Customer"
+
+
+def test_a_chunk_of_valid_rows_is_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of the sample data (the benchmark's rows too) is taken by the one call: the per-row
+    model is never asked."""
+    records = list(CsvParser(io.BytesIO(b"".join(customers_csv(3_000, seed=5)))))
+
+    def per_row(value: Any) -> Customer:
+        raise AssertionError("a valid row was validated on its own")
+
+    expected = per_row_customers(records)
+    monkeypatch.setattr(handlers, "_validate_customer", per_row)
+    assert customers(records) == expected
+    assert len(expected.output) == 3_000
+
+
+def test_the_registered_customers_handler_is_the_one_call_version() -> None:
+    assert get_handler("customers") is customers
+
+
+def test_only_a_plain_model_has_a_fast_row_schema() -> None:
+    """A field or model the typed dict would write differently (an alias, a default, a validator) is
+    refused when the handler is defined, not discovered in the output."""
+
+    class Aliased(BaseModel):
+        a: int = Field(alias="A")
+
+    class Defaulted(BaseModel):
+        a: int = 1
+
+    class Validated(BaseModel):
+        a: int
+
+        @field_validator("a")
+        @classmethod
+        def positive(cls, v: int) -> int:
+            return v
+
+    class Plain(BaseModel):
+        a: int
+        b: str
+
+    class Both(BaseModel):
+        a: int
+
+        @model_validator(mode="after")
+        def same(self) -> Both:
+            return self
+
+    for model in (Aliased, Defaulted, Validated):
+        with pytest.raises(TypeError, match="only plain fields"):
+            _fast_rows(model, {})
+    with pytest.raises(TypeError, match="only a plain model"):
+        _fast_rows(Both, {})
+    rows = _fast_rows(Plain, {})
+    assert rows([{"a": "1", "b": "x", "c": 1}, {"a": "x"}, {"a": 1}, "a"]) == [b'{"a":1,"b":"x"}', None, None, None]
+
+
+_customer_rows = handlers._customer_rows
