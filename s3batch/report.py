@@ -28,6 +28,7 @@ import datetime
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -241,8 +242,7 @@ class FinalReport:
         # holds a raw line break, so re-indenting each file's own indent=1 JSON by two spaces is exact.
         first = True
         for entry in self.entries():
-            item = ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True)
-            text = json.dumps(item, indent=1).replace("\n", "\n  ")
+            text = _file_json(ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True))
             if first:
                 yield before.encode()
                 first = False
@@ -253,6 +253,23 @@ class FinalReport:
             yield before[: -len("\n  ")].encode()
             after = after[len("\n ") :]
         yield after.encode()
+
+
+def _file_json(item: dict[str, Any]) -> str:
+    """``json.dumps(item, indent=1)`` as it appears in the report's ``files`` list (indented by two
+    more spaces), about three times faster for the flat values of a file's result."""
+    fields = []
+    for name, value in item.items():
+        if isinstance(value, str):
+            text = encode_basestring_ascii(value)
+        elif value is None or isinstance(value, bool):
+            text = json.dumps(value)
+        elif type(value) is int:
+            text = int.__repr__(value)
+        else:  # a float, the reject reasons, the warnings: rare
+            text = json.dumps(value, indent=1).replace("\n", "\n   ")
+        fields.append(f"   {encode_basestring_ascii(name)}: {text}")
+    return "{\n" + ",\n".join(fields) + "\n  }" if fields else "{}"
 
 
 def final_report(req: FinalReportInput, segments: Entries, redriven: JobReport | None = None) -> FinalReport:

@@ -77,7 +77,7 @@ def test_the_streamed_report_is_the_bytes_of_the_whole_report(files: int) -> Non
         results[0] = results[0].model_copy(
             update={"rejected": 1, "reject_ratio": 0.5, "reject_reasons": [ReasonCount(reason="bad \u00e9", count=1)]}
         )
-        odd = {"warnings": ["looks like ';'-separated"], "key": "in/\u00e9\n.csv"}
+        odd = {"warnings": ["looks like ';'-separated"], "key": "in/\u00e9\n.csv", "error": "Bad\"File\" \\ \t"}
         results[-1] = results[-1].model_copy(update=odd)
     totals = Totals(files_listed=files, files_succeeded=files)
     segment = [r.model_dump(mode="json") for r in results[:1]]
