@@ -227,3 +227,4 @@ def test_only_a_plain_model_has_a_fast_row_schema() -> None:
 
 
 _customer_rows = handlers._customer_rows
+
