@@ -130,6 +130,8 @@ class FileJob:
         self._source_checked = False
         self.resumed_from = 0
         """``next_record`` this attempt started from."""
+        self.fast_records = 0
+        """Records this attempt read by the fast CSV path (``s3batch.formats.fastcsv``)."""
 
     # ---------------------------------------------------------------- resume and result
 
@@ -167,12 +169,13 @@ class FileJob:
             cp = self._process_from(cp)
         self.books.check_records(cp)
         activity.logger.info(
-            "finished %s: %d records written, %d rejected, %d dropped, %d chunks",
+            "finished %s: %d records written, %d rejected, %d dropped, %d chunks (%d records read by the fast path)",
             self.where,
             cp.records_written,
             cp.rejected,
             cp.dropped,
             cp.chunk,
+            self.fast_records,
             extra=self.log_extra,
         )
         return self.result(cp)
@@ -262,6 +265,7 @@ class FileJob:
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
             packed = self._packed and isinstance(parser, FastCsvParser)
+            stack.callback(self._count_fast, parser)
             while True:
                 self._stop_if_asked(cp)
                 # Cancellation is delivered at the end of this block: after the part is written and
@@ -346,6 +350,9 @@ class FileJob:
                 if rest:
                     size += self._handle(parser, rest, chunk)
         return taken, size, joined
+
+    def _count_fast(self, parser: object) -> None:
+        self.fast_records = getattr(parser, "fast_records", 0)
 
     def _handle(
         self, parser: FastCsvParser, batch: list[Record], chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]]

@@ -12,21 +12,35 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from s3batch.activities.s3_activities import S3Activities
+from s3batch.workflows.batch import S3BatchWorkflow
+from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from s3batch import layout
 from s3batch.config import Settings
+from s3batch.dev.stack import Stack
+from s3batch.dev.workers import WorkerProcess
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.handlers import passthrough
 from s3batch.messages import ObjectRef, ProcessFileInput
+from s3batch.models import S3BatchInput
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_exactly_once
+from tests.helpers.data import make_csv
+from tests.helpers.faultproxy import FaultProxy, Rule
+from tests.helpers.output import committed_parts, report
 from tests.helpers.records import chunked, walk
+from tests.helpers.workers import worker_process
 
 bounded = settings(
     max_examples=300,
@@ -183,3 +197,49 @@ def test_file_output_is_byte_identical_with_and_without_the_fast_path(
     for name, (body, metadata) in exact["objects"].items():
         assert fast["objects"][name][0] == body, name
         assert fast["objects"][name][1] == metadata, name
+
+
+# ------------------------------------------------------------------- a real SIGKILL on the fast path
+
+
+@pytest.mark.slow
+async def test_sigkill_of_the_fast_passthrough_resumes_at_the_last_committed_part_exactly_once(
+    client: Client, stack: Stack, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    """The built-in ``passthrough`` on a CSV of quoted fields takes the packed path (rows encoded a block
+    at a time). Its part PUTs are slowed by a proxy so the kill lands mid-file; the second worker resumes
+    at the last committed part and every row is written once."""
+    src, out = buckets
+    rows, chunk = 60_000, 1_000
+    s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        proxy.add(Rule("delay", method="PUT", path=r"/o/big\.csv/part-", delay=0.15))
+        first = worker_process(task_queue, tmp_path, "a", AWS_ENDPOINT_URL_S3=proxy.url)
+        second: WorkerProcess | None = None
+        try:
+            first.wait_ready()
+            spec = S3BatchInput(
+                bucket=src, output_bucket=out, output_prefix="o/", chunk_records=chunk, heartbeat_timeout_seconds=5
+            )
+            handle = await client.start_workflow(
+                S3BatchWorkflow.run, spec, id=f"fast-kill-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+            )
+            await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 8, 60, "8 committed parts")
+            first.kill()
+            committed = committed_parts(s3, out, "o/big.csv/")[-1].next_record
+            assert 0 < committed < rows, "the kill must land mid-file"
+            second = worker_process(task_queue, tmp_path, "b")
+            second.wait_ready()
+            result = await handle.result()
+            assert result.status == "succeeded"
+            fast = [int(n) for n in re.findall(r"\((\d+) records read by the fast path\)", second.log())]
+            assert fast and 0 < fast[0] <= rows - committed, second.log()[-2000:]
+        finally:
+            first.stop()
+            if second:
+                second.stop()
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["attempts"] >= 2
+    assert entry["resumed_from_record"] >= committed  # parts committed between the look and the kill count
+    assert entry["records"] == rows
+    assert_exactly_once(s3, out, "o/big.csv/", rows)
