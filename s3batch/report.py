@@ -36,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from s3batch.accounting import combine, key_digest
-from s3batch.errors import AccountingError, InvalidInput
+from s3batch.errors import AccountingError, InvalidInput, S3Error
 from s3batch.messages import FileResult, FinalReportInput, Totals
 from s3batch.models import REDRIVE_STATUSES
 from s3batch.s3io import error_code, raise_s3_error
@@ -221,10 +221,11 @@ class FinalReport:
     """The final report of a job, ready to be written: its summary (the whole report but its files)
     and the file results, streamed from their segments into the JSON document (see :meth:`chunks`)."""
 
-    def __init__(self, summary: dict[str, Any], entries: Entries) -> None:
+    def __init__(self, summary: dict[str, Any], entries: Entries, books: _Books) -> None:
         self.summary = summary
         """The report's JSON object without ``files`` (in the order of :class:`JobReport`'s fields)."""
         self.entries = entries
+        self._books = books
 
     @property
     def head(self) -> JobReport:
@@ -233,7 +234,13 @@ class FinalReport:
 
     def chunks(self) -> Iterator[bytes]:
         """The report's JSON, piece by piece: the same bytes as ``JobReport.to_json`` of the whole
-        report, with at most one file's JSON in memory at a time."""
+        report, with at most one file's JSON in memory at a time.
+
+        Raises:
+            S3Error: The files read now are not those whose books were checked (a segment changed
+                in between): before the last piece, so the report is not completed; a retry reads
+                them again.
+        """
         marker = f"s3batch-files-{uuid.uuid4().hex}"
         document = self.head.model_dump(mode="json", exclude_unset=True)
         document["files"] = [marker]
@@ -241,7 +248,9 @@ class FinalReport:
         # ``before`` ends with the list's "[\n  ", ``after`` starts with its "\n ]": a JSON string never
         # holds a raw line break, so re-indenting each file's own indent=1 JSON by two spaces is exact.
         first = True
+        books = _Books()
         for entry in self.entries():
+            books.add(entry)
             text = _file_json(ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True))
             if first:
                 yield before.encode()
@@ -252,6 +261,11 @@ class FinalReport:
         if first:  # no file: "files": []
             yield before[: -len("\n  ")].encode()
             after = after[len("\n ") :]
+        if (books.files, books.statuses, books.digest) != (self._books.files, self._books.statuses, self._books.digest):
+            raise S3Error(
+                f"the report segments under {self.summary['output']} changed while the report was written (their "
+                "files differ from those counted a moment before); the report was not written, a retry reads them again"
+            )
         yield after.encode()
 
 
@@ -329,7 +343,7 @@ def final_report(req: FinalReportInput, segments: Entries, redriven: JobReport |
     if problems:
         summary["status"] = "failed"
         summary["accounting_errors"] = problems
-    return FinalReport(summary, entries)
+    return FinalReport(summary, entries, books)
 
 
 def assemble_report(
@@ -380,11 +394,13 @@ def put_report(
             etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)["ETag"]
             parts.append({"PartNumber": number, "ETag": etag})
         s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-    except (ClientError, BotoCoreError) as err:
+    except BaseException as err:  # the chunks' own errors and a cancellation too: no upload left open
         if upload_id is not None:
             with contextlib.suppress(ClientError, BotoCoreError):
                 s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-        raise_s3_error(err, "writing", bucket, key)
+        if isinstance(err, ClientError | BotoCoreError):
+            raise_s3_error(err, "writing", bucket, key)
+        raise
 
 
 def books_error(report: JobReport, bucket: str, key: str) -> AccountingError | None:

@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 from s3batch import layout
 from s3batch.accounting import key_digest
 from s3batch.client import prepare_redrive
-from s3batch.errors import ACCOUNTING_ERROR
+from s3batch.errors import ACCOUNTING_ERROR, S3Error
 from s3batch.messages import FileResult, FinalReportInput, ReasonCount, Totals
 from s3batch.models import JobSpec, S3BatchInput
 from s3batch.report import final_report, parse_report, put_report, segment_body
@@ -182,6 +182,24 @@ def test_a_segment_short_of_a_file_fails_the_counts(s3: Any, buckets: tuple[str,
         "the report has 9 succeeded files, the totals say 10",
         "the report's keys are not the keys the job listed",
     ]
+
+
+def test_files_that_change_between_the_books_and_the_writing_leave_no_report(s3: Any, buckets: tuple[str, str]) -> None:
+    """The writer counts the files again as it writes them: a segment that changed since the books
+    were checked fails the write (retryable) before the upload completes, and no part is left open."""
+    out = buckets[1]
+    files = 20_000  # over one 5 MiB part: the multipart upload is started, then aborted
+    read = [[_result(i).model_dump(mode="json") for i in range(files)]]
+    changed = [*read[0][:-1], _result(files - 1, "failed").model_dump(mode="json")]
+    reads = iter([read[0], changed])
+    listed = key_digest(f["key"] for f in read[0])
+    req = _final(out, [], Totals(files_listed=files, files_succeeded=files), segments=1, listed_digest=listed)
+    report = final_report(req, lambda: next(reads))
+    assert report.head.status == "succeeded"  # as counted the first time
+    with pytest.raises(S3Error, match="changed while the report was written"):
+        put_report(s3, out, "o/_report.json", report.chunks(), {}, part_bytes=5 * 1024 * 1024)
+    assert s3.list_objects_v2(Bucket=out, Prefix="o/_report.json")["KeyCount"] == 0
+    assert not s3.list_multipart_uploads(Bucket=out).get("Uploads")
 
 
 # ------------------------------------------------------------------------------ a real job of many runs
