@@ -104,6 +104,9 @@ class JobState(_Model):
     """Files a run stopped at a chunk boundary and handed to the next run (so that run's slots stay
     busy), by key: the chunks each had committed then. A file leaves it when its result is recorded;
     None: none (and left out of the state)."""
+    hand_over: bool | None = None
+    """False: a full run waits for every file in flight before it continues as new (no hand-over, as
+    v0.1 did; a tuning knob a job may give at its start, for comparisons). None: hand over."""
     kept: list[str] | None = None
     """Handed-over files whose last leg committed no chunk: they are not handed over again, but run
     to their end in their run. None: none (and left out of the state)."""
@@ -113,7 +116,7 @@ class JobState(_Model):
         return without_nones(handler(self), _OPTIONAL_STATE)
 
 
-_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "kept"})
+_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept"})
 
 
 class JobCheck(_Model):

@@ -63,11 +63,13 @@ def _spec(src: str, out: str) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
-async def _start(client: Client, task_queue: str, src: str, out: str, tag: str) -> WorkflowHandle[Any, Any]:
-    """The job, continuing as new every ``FILES_PER_RUN`` files (the state's tuning knob)."""
+async def _start(
+    client: Client, task_queue: str, src: str, out: str, tag: str, **knobs: Any
+) -> WorkflowHandle[Any, Any]:
+    """The job, continuing as new every ``FILES_PER_RUN`` files (the state's tuning knobs, and ``knobs``)."""
     return await client.start_workflow(
         S3BatchWorkflow.run,
-        args=[_spec(src, out), {"files_per_run": FILES_PER_RUN}],
+        args=[_spec(src, out), {"files_per_run": FILES_PER_RUN, **knobs}],
         id=new_id(tag),
         task_queue=task_queue,
         result_type=S3BatchResult,
@@ -210,6 +212,23 @@ async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its
         else:
             assert entries[key]["status"] == "not_started" and not read_jsonl(s3, out, f"o/{key}/"), entries[key]
     assert sum(e["status"] == "succeeded" for e in entries.values()) == FILES_PER_RUN - 1
+
+
+async def test_without_the_hand_over_a_full_run_waits_for_its_big_file(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    # The state's tuning knob hand_over=false (the benchmark's baseline): v0.1's behaviour.
+    src, out = buckets
+    _put_job_files(s3, src)
+    handle = await _start(client, task_queue, src, out, "no-hand-over", hand_over=False)
+    result = await handle.result()
+    assert result.status == "succeeded" and result.totals.files_succeeded == 1 + len(SMALLS)
+    runs = await _runs(client, handle)
+    assert not any(_cancel_requested(events) for events in runs), "a file was asked to stop"
+    legs = [key for events in runs for key in (await _file_activities(client, events)).values() if key == BIG]
+    assert legs == [BIG], "the big file ran in one activity"
+    assert report(s3, out)["files"] and _check_report_books(report(s3, out))[BIG]["resumed_from_record"] == 0
+    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
 
 
 def _ref(key: str) -> ObjectRef:

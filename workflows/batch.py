@@ -197,9 +197,9 @@ class S3BatchWorkflow:
         grace (``HAND_OVER_GRACE``): they should be handed over. Starts the grace timer when due."""
         st = self._state
         more = st.pending or not st.listing_done
-        if st.paused or not more or not run_is_full(st, started) or not self._books.may_hand_over():
+        if st.paused or st.hand_over is False or not more or not run_is_full(st, started):
             return False
-        if not workflow.patched(HAND_OVER_STRAGGLERS):
+        if not self._books.may_hand_over() or not workflow.patched(HAND_OVER_STRAGGLERS):
             return False
         if self._grace is None:
             self._grace = asyncio.create_task(self._grace_timer())

@@ -18,9 +18,10 @@ with workflow.unsafe.imports_passed_through():
 
 _M = TypeVar("_M", bound=BaseModel)
 
-TUNING_STATE_FIELDS = frozenset({"files_per_run"})
-"""What a job may pass as the second argument when its run did not continue from another: a tuning
-knob (tests use it to force continue-as-new after a few files), nothing that says what was done."""
+TUNING_STATE_FIELDS = frozenset({"files_per_run", "hand_over"})
+"""What a job may pass as the second argument when its run did not continue from another: tuning
+knobs (tests use them to force continue-as-new after a few files, the benchmark to compare with and
+without the hand-over of files in flight), nothing that says what was done."""
 
 
 def parse_job(raw: Any) -> S3BatchInput:
@@ -49,7 +50,8 @@ def parse_state(raw: Any, *, continued: bool) -> JobState:
         continued: The run continued from another (``workflow.info().continued_run_id`` is set):
             only then may the state carry progress (run number, totals, pending files, digests...).
             A job started with a forged state would skip its pre-flight check, report files it never
-            processed, or pass its own books. A new job may give ``{"files_per_run": N}`` only.
+            processed, or pass its own books. A new job may give the tuning knobs only
+            (``{"files_per_run": N, "hand_over": false}``).
 
     Raises:
         ApplicationError: ``InvalidInput`` naming the second argument (the job fails at once).
@@ -67,8 +69,8 @@ def parse_state(raw: Any, *, continued: bool) -> JobState:
             )
             raise ApplicationError(
                 f"invalid {what}: state: only a run continued from another (continue-as-new) carries a state; a "
-                f"new job may pass at most {{\"files_per_run\": N}} there, got {given}. Start the job with its "
-                "input as the only argument.",
+                f"new job may pass at most {{\"files_per_run\": N, \"hand_over\": false}} there, got {given}. "
+                "Start the job with its input as the only argument.",
                 type=INVALID_INPUT,
                 non_retryable=True,
             )
