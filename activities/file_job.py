@@ -334,21 +334,33 @@ class FileJob:
         output = chunk[0]
         size = joined = 0
         taken = len(lookahead)
-        if lookahead:
-            size += self._handle(parser, lookahead, chunk)
-        if want > 0:
-            n, pieces, reached = parser.take_json(want, until)
+        pending = list(lookahead)  # records read one by one, handled before the next packed run (file order)
+        remaining = want
+        while remaining > 0:
+            n, pieces, reached = parser.take_json(remaining, until)
             if n:
+                if pending:
+                    size += self._handle(parser, pending, chunk)
+                    pending = []
                 output.extend(pieces)
                 self.books.passed_through(n)
-                joined = n - len(pieces)
-                size += sum(len(p) for p in pieces) - joined  # without the line feeds inside the pieces
+                joined += n - len(pieces)
+                size += sum(len(p) for p in pieces) - (n - len(pieces))  # without the line feeds inside pieces
                 taken += n
-            if n < want and not reached:
-                rest = _take(records, parser, want - n, until)
-                taken += len(rest)
-                if rest:
-                    size += self._handle(parser, rest, chunk)
+                remaining -= n
+                if reached:
+                    break
+                continue
+            one = _take(records, parser, 1, until)  # not in a fast block: one record as _take reads it
+            if not one:
+                break
+            pending += one
+            taken += 1
+            remaining -= 1
+            if parser.offset >= until:
+                break
+        if pending:
+            size += self._handle(parser, pending, chunk)
         return taken, size, joined
 
     def _count_fast(self, parser: object) -> None:

@@ -35,6 +35,8 @@ _EXACT_BYTES = 64 * 1024
 failing, up to :data:`_EXACT_MAX`)."""
 _EXACT_MAX = 16 << 20
 _ALL = 1 << 62
+_WINDOW = 1_000
+"""Rows of a block turned into ``{column: value}`` dicts at once, for the records read one by one."""
 
 
 def fast_reading(reading: Reading) -> bool:
@@ -102,7 +104,10 @@ class FastCsvParser:
         self._blocks: BlockReader | None = None
         self._block: Block | None = None
         self._row = 0
-        self._values: list[dict[str, str]] | None = None
+        self._values: list[dict[str, str]] = []
+        """The values of rows ``_values_at`` on of the block (made a window at a time: a chunk's lookahead
+        record alone must not turn a whole block into dicts)."""
+        self._values_at = 0
         self._spans: list[int] | None = None
         """Lines before each row of the block (None: not counted yet)."""
         self._json: tuple[bytes, list[int]] | bool | None = False  # False: not built yet; None: not possible
@@ -211,11 +216,17 @@ class FastCsvParser:
                 return None
 
     def _block_record(self, block: Block) -> Record:
-        if self._values is None:
-            self._values = block.table.to_pylist()
         row = self._row
-        line = self._line + self._row_lines(block)[row]
-        record = Record(line, self._values[row], None)
+        at = row - self._values_at
+        if not 0 <= at < len(self._values):
+            first = not self._values  # the first record of the block read alone (e.g. a chunk's lookahead)
+            self._values = block.table.slice(row, _WINDOW).to_pylist()
+            self._values_at, at = row, 0
+        else:
+            first = False
+        # One record alone: count its lines in the bytes; records one after the other: all rows' lines at once.
+        line = self._line + (self._lines_before(row) if first else self._row_lines(block)[row])
+        record = Record(line, self._values[at], None)
         self._row = row + 1
         self.fast_records += 1
         if self._row == block.rows:
@@ -227,7 +238,9 @@ class FastCsvParser:
         assert block is not None
         self._pos += block.ends[-1]
         self._line += self._lines_before(block.rows)
-        self._block = self._values = None
+        self._block = None
+        self._values = []
+        self._values_at = 0
         self._row = 0
         self._json = False
         self._spans = None
@@ -304,5 +317,5 @@ class FastCsvParser:
     def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
         if self._json is False:
             assert self._blocks is not None
-            self._json = self._blocks.json_rows(block.table, block.special)
+            self._json = self._blocks.json_rows(block)
         return self._json  # type: ignore[return-value]
