@@ -29,11 +29,11 @@ reject). ``customers`` (below) validates a list in one pydantic-core call::
         ...  # the rows it refused, one by one: Customer.model_validate, an output or a Reject
 
 One call is faster only when it saves work per record. ``TypeAdapter(list[Customer])`` does not: an
-object per row either way, and the garbage collector walking them (0.65x the per-row loop on the
+object per row either way, and the garbage collector walking them (0.7-0.9x the per-row loop on the
 benchmark rows). :func:`_fast_rows` does: the model's own field schemas check each row into a plain
-dict and write its JSON in the same call, the slowest checks (the ``Decimal`` amount, the datetime) are
-narrowed to the strings whose JSON is the input itself, and only the rows the call refuses are validated by the
-model, for exact rejects (about 2x the per-row loop).
+dict and write its JSON in the same call, the slowest checks (the ``Decimal`` amount, the datetime)
+are narrowed to the strings whose JSON is the input itself, and only the rows the call refuses are
+validated by the model, for exact rejects (about 2.7x the per-row loop).
 
 Handlers must be deterministic (the same records give the same output): a retried chunk rewrites
 its output under the same key, and identical bytes are what make that rewrite harmless.
