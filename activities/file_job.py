@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from s3batch.activities.file_setup import FileMetrics, check_key_length, open_file_sink
 from s3batch.activities.handling import HandlerRun
+from s3batch.activities.taking import take, take_packed
+from s3batch.activities.write_behind import WriteBehind
 from temporalio import activity
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint, FileOutput, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import WorkerShutdown
-from s3batch.formats import Parser, resolve_format
+from s3batch.formats import resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.fastcsv import FastCsvParser
@@ -32,7 +34,6 @@ from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, me
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
 
     from mypy_boto3_s3 import S3Client
 
@@ -44,16 +45,6 @@ BEAT_INTERVAL = 1.0
 # Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
 # and checks for cancellation, so a big chunk is never mistaken for a dead worker.
 _SUB_BATCH = 1_000
-
-
-def _take(records: Iterator[Record], parser: Parser, want: int, until: int) -> list[Record]:
-    """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``."""
-    batch: list[Record] = []
-    for record in records:
-        batch.append(record)
-        if len(batch) >= want or parser.offset >= until:
-            break
-    return batch
 
 
 class FileJob:
@@ -123,6 +114,8 @@ class FileJob:
         )
         # The built-in passthrough into JSONL parts: the fast CSV path writes a run of rows' documents at once.
         self._packed = self.books.handler is passthrough and type(self.output) is FileOutput
+        # Parts on S3 are written one chunk behind the chunk loop; a table's transaction at once.
+        self.behind = WriteBehind(isinstance(self.output, FileOutput))
         self.dir = self.output.dir
         check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None
@@ -259,17 +252,18 @@ class FileJob:
         sub_batch = min(req.chunk_records, _SUB_BATCH)
         budget = self.settings.max_chunk_bytes
         self.probe.active = self.probe.active and cp.chunk == 0  # a resumed file's hint is in its checkpoint
-        self._beat(cp)
+        self._beat()
         with contextlib.ExitStack() as stack:
+            stack.push(self._close_behind)
             records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
-            packed = self._packed and isinstance(parser, FastCsvParser)
+            packed = parser if self._packed and isinstance(parser, FastCsvParser) else None
             stack.callback(self._count_fast, parser)
             while True:
-                self._stop_if_asked(cp)
-                # Cancellation is delivered at the end of this block: after the part is written and
-                # checkpointed, never in the middle of a chunk's PUT.
+                self._stop_if_asked()
+                # Cancellation is delivered at the end of this block, never while a chunk is half built;
+                # its part's write (one chunk behind, WriteBehind) is waited for before the file stops.
                 with activity.shield_thread_cancel_exception():
                     self.books.context = ChunkContext(
                         req.job_id, req.bucket, self.obj.key, self.obj.etag, cp.chunk, self.info.attempt
@@ -286,25 +280,25 @@ class FileJob:
                         # A sub-batch reads at most 1/16 of the budget, so the output check between
                         # two of them bounds what a handler's outputs can add.
                         until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
-                        if packed:  # taken as below, so the chunk ends where the exact path ends it
-                            chunk = (output, rejects, lines)
-                            got, size, extra = self._take_packed(records, parser, lookahead, chunk, want, until)
+                        if packed is not None:  # taken as below, so the chunk ends where the exact path ends it
+                            chunk, source = (output, rejects, lines), (records, packed)
+                            got, size, more = take_packed(self.books, self.probe, source, lookahead, chunk, want, until)
                             lookahead = []
                             if not got:
                                 break
                             taken += got
                             buffered += size
-                            joined += extra
-                            self._beat(cp)
+                            joined += more
+                            self._beat()
                             continue
-                        batch = lookahead + (_take(records, parser, want, until) if want > 0 else [])
+                        batch = lookahead + (take(records, parser, want, until) if want > 0 else [])
                         lookahead = []
                         if not batch:
                             break
                         taken += len(batch)
                         self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
                         buffered += self.books.handle(batch, output, rejects, lines)
-                        self._beat(cp)  # liveness; the SDK throttles what reaches the server
+                        self._beat()  # liveness; the SDK throttles what reaches the server
                     end_offset = None if self.gz or self.fmt == "parquet" else parser.offset
                     end_line = parser.line
                     chunk_start = parser.offset
@@ -312,65 +306,13 @@ class FileJob:
                     done = not lookahead
                     written = len(output) + joined
                     cp = self._commit(cp, taken, (output, rejects, lines), written, end_offset, end_line, done)
-                    self._beat(cp, force=True)  # every committed checkpoint
-                    self._check_rejects(cp)
                 if done:
-                    return cp
-
-    def _take_packed(
-        self,
-        records: Iterator[Record],
-        parser: FastCsvParser,
-        lookahead: list[Record],
-        chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]],
-        want: int,
-        until: int,
-    ) -> tuple[int, int, int]:
-        """One sub-batch of the passthrough handler, as the exact path takes it (``lookahead`` + ``_take``),
-        with the rows of fast blocks encoded at once (:meth:`FastCsvParser.take_json`).
-
-        Returns the records taken, the output bytes they add (as ``HandlerRun.handle`` counts them) and the
-        outputs joined into pieces beyond one per piece (``len(output)`` + that = outputs)."""
-        output = chunk[0]
-        size = joined = 0
-        taken = len(lookahead)
-        pending = list(lookahead)  # records read one by one, handled before the next packed run (file order)
-        remaining = want
-        while remaining > 0:
-            n, pieces, reached = parser.take_json(remaining, until)
-            if n:
-                if pending:
-                    size += self._handle(parser, pending, chunk)
-                    pending = []
-                output.extend(pieces)
-                self.books.passed_through(n)
-                joined += n - len(pieces)
-                size += sum(len(p) for p in pieces) - (n - len(pieces))  # without the line feeds inside pieces
-                taken += n
-                remaining -= n
-                if reached:
-                    break
-                continue
-            one = _take(records, parser, 1, until)  # not in a fast block: one record as _take reads it
-            if not one:
-                break
-            pending += one
-            taken += 1
-            remaining -= 1
-            if parser.offset >= until:
-                break
-        if pending:
-            size += self._handle(parser, pending, chunk)
-        return taken, size, joined
+                    self.behind.settle()
+                    assert self.checkpoint is not None
+                    return self.checkpoint
 
     def _count_fast(self, parser: object) -> None:
         self.fast_records = getattr(parser, "fast_records", 0)
-
-    def _handle(
-        self, parser: FastCsvParser, batch: list[Record], chunk: tuple[list[bytes], list[tuple[int, bytes]], list[int]]
-    ) -> int:
-        self.probe.see(parser.header, (r.value for r in batch))
-        return self.books.handle(batch, *chunk)
 
     def _commit(
         self,
@@ -406,25 +348,28 @@ class FileJob:
         )
         self.probe.active = False
         self.books.check_chunk(cp, taken, written, len(rejects))
-        # The sink may count refused rows as rejects. (Packed outputs are whole lines joined: only the JSONL
-        # parts, which join them the same way, get them.)
-        new = self.output.commit(cp, new, output, rejects, lines)
-        self.checkpoint = new
-        now = time.monotonic()
-        metrics = self.metrics
-        metrics.records.add(taken)
-        if new.rejected > cp.rejected:
-            metrics.rejected.add(new.rejected - cp.rejected)
-        if new.byte_offset is not None and cp.byte_offset is not None:
-            metrics.bytes_read.add(new.byte_offset - cp.byte_offset)
-        metrics.chunks.add(1)
-        metrics.checkpoint_age.record(now - self._last_commit)
-        self._last_commit = now
-        return new
+        # The sink may count refused rows as rejects (a table: written at once, so the next chunk counts on
+        # them). Packed outputs are whole lines joined: only the JSONL parts, which join the same way, get them.
+        committed: list[Checkpoint] = []
 
-    def _beat(self, cp: Checkpoint, *, force: bool = False) -> None:
-        """Heartbeat ``cp``: always when forced (a committed checkpoint), else at most every
-        ``BEAT_INTERVAL`` seconds (liveness within a chunk, the start of a file).
+        def then(done_cp: Checkpoint) -> None:
+            self.checkpoint = done_cp
+            self._last_commit = self.metrics.chunk_committed(cp, done_cp, taken, self._last_commit)
+            self._beat(force=True)  # every committed checkpoint
+            committed.append(done_cp)
+            self._check_rejects(done_cp)
+
+        self.behind.write(lambda: self.output.commit(cp, new, output, rejects, lines), then)
+        return committed[0] if committed else new
+
+    def _close_behind(self, kind: object, error: BaseException | None, tb: object) -> None:
+        committed = self.behind.close(error)
+        if committed is not None:
+            self.checkpoint = committed  # e.g. a cancelled file reports the chunk written while cancelling
+
+    def _beat(self, *, force: bool = False) -> None:
+        """Heartbeat the last committed checkpoint: always when forced (a chunk just committed), else at
+        most every ``BEAT_INTERVAL`` seconds (liveness within a chunk, the start of a file).
 
         Each call costs about 0.2 ms (a hand-over to the event loop) and the SDK sends at most one
         per 0.8 x heartbeat timeout anyway.
@@ -432,12 +377,17 @@ class FileJob:
         now = time.monotonic()
         if force or now - self._beat_at >= BEAT_INTERVAL:
             self._beat_at = now
-            activity.heartbeat(*HeartbeatDetails(cp, self._index).args())
+            assert self.checkpoint is not None
+            activity.heartbeat(*HeartbeatDetails(self.checkpoint, self._index).args())
 
-    def _stop_if_asked(self, cp: Checkpoint) -> None:
-        """At a chunk boundary: hand the file over when the worker is shutting down."""
+    def _stop_if_asked(self) -> None:
+        """At a chunk boundary: hand the file over when the worker is shutting down (its last chunk's
+        write done and heartbeated first)."""
         if activity.is_worker_shutdown():
-            self._beat(cp, force=True)
+            self.behind.settle()
+            cp = self.checkpoint
+            assert cp is not None
+            self._beat(force=True)
             activity.logger.info(
                 "worker shutting down: %s stops at record %d", self.where, cp.next_record, extra=self.log_extra
             )

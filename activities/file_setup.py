@@ -4,12 +4,13 @@ and the check that its output keys fit S3's limit. Used by :class:`~s3batch.acti
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from temporalio import activity
 
 from s3batch import layout
-from s3batch.checkpoint import FileOutput, fingerprint
+from s3batch.checkpoint import Checkpoint, FileOutput, fingerprint
 from s3batch.errors import OutputKeyTooLong
 from s3batch.formats.compression import MAX_RATIO
 from s3batch.s3io import sse_params
@@ -41,6 +42,18 @@ class FileMetrics:
             "Age of a file's previous checkpoint when the next one is committed",
             "s",
         )
+
+    def chunk_committed(self, before: Checkpoint, after: Checkpoint, records: int, last_commit: float) -> float:
+        """Count one chunk committed (``before`` -> ``after``, ``records`` read); returns the time of this commit."""
+        now = time.monotonic()
+        self.records.add(records)
+        if after.rejected > before.rejected:
+            self.rejected.add(after.rejected - before.rejected)
+        if after.byte_offset is not None and before.byte_offset is not None:
+            self.bytes_read.add(after.byte_offset - before.byte_offset)
+        self.chunks.add(1)
+        self.checkpoint_age.record(now - last_commit)
+        return now
 
 
 def open_file_sink(
