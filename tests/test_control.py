@@ -184,7 +184,9 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ):
     src, out = buckets
-    keys = upload(s3, src, 3, 1_000)
+    # About 2 s a file (40 chunks of 50 ms): the job is still running when the CLI, a few seconds to start
+    # on a loaded machine, pauses it.
+    keys = upload(s3, src, 3, 4_000)
     handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "s3cli")
     wid = handle.id
     await until(lambda p: p.files_in_flight == 1, handle)
@@ -214,7 +216,7 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
     assert "succeeded" in human.stdout and f"s3://{out}/o/_report.json" in human.stdout
     for key in keys:
         [line] = [line for line in human.stdout.splitlines() if key in line]
-        assert "succeeded" in line and "1,000" in line
+        assert "succeeded" in line and "4,000" in line
     data = json.loads((await run("s3batch", "report", wid, "--json")).stdout)
     assert data["job_id"] == wid and sorted(f["key"] for f in data["files"]) == keys
 

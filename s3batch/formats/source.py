@@ -20,8 +20,10 @@ from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
 from s3batch.formats.compression import Compression, CorruptCompressed, advice, open_decompressed
 from s3batch.formats.csv import DEFAULT_READING, read_csv_header
+from s3batch.formats.fastcsv import fast_reading
 from s3batch.formats.json import SNIFF, BadDocument
 from s3batch.formats.parquet import ParquetParser, PinnedFile
+from s3batch.formats.readahead import ReadAhead
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import READ_OPTIONS, Reading
 from s3batch.s3io import RangedReader, open_object
@@ -125,6 +127,7 @@ class SourceFile:
                 raw = stack.enter_context(self._open(0))
                 self.raw = cast(RangedReader, raw.raw)
                 stream: Any = stack.enter_context(open_decompressed(raw, self.compression))
+                stream = self._ahead(stream, self.reading, stack)
                 parser = make_parser(self.fmt, stream, max_line_bytes=max_bytes, reading=self.reading, fast=self.fast)
                 records = iter(parser)
                 skipped = sum(1 for _ in islice(records, next_record))
@@ -142,6 +145,7 @@ class SourceFile:
                 reading, header = self._csv_head()
             stream = stack.enter_context(self._open(offset))
             self.raw = cast(RangedReader, stream.raw)
+            stream = self._ahead(stream, reading, stack)
             parser = make_parser(
                 self.fmt,
                 stream,
@@ -158,6 +162,15 @@ class SourceFile:
             if isinstance(err, BadFile):
                 raise
             raise BadFile(f"{self.where}: {err}") from None
+
+    def _ahead(self, stream: Any, reading: Reading, stack: contextlib.ExitStack) -> Any:
+        """The stream read ahead in a thread of its own where the fast CSV path parses it (its native
+        parsing and the next blocks' transfer, or decompression, then overlap)."""
+        if self.fmt != "csv" or not self.fast or not fast_reading(reading):
+            return stream
+        ahead = ReadAhead(stream)
+        stack.callback(ahead.close)
+        return ahead
 
     def _csv_head(self) -> tuple[Reading, list[str] | None]:
         """Resuming a CSV: what its first bytes say, its column names (from the header row, or the
