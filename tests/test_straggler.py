@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -21,10 +22,14 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer, Worker
 
+from s3batch.config import Settings
+from s3batch.dev.postgres import PostgresServer, server_bindir
+from s3batch.dev.stack import Stack
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
 from s3batch.messages import FileResult, JobState, ObjectRef, S3BatchResult
 from s3batch.plugin import S3BatchPlugin
+from s3batch.s3io import make_client
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv, put_files
@@ -58,18 +63,19 @@ def _put_job_files(s3: Any, src: str) -> None:
     put_files(s3, src, {BIG: make_csv(BIG_ROWS), **{key: make_csv(SMALL_ROWS) for key in SMALLS}})
 
 
-def _spec(src: str, out: str) -> dict[str, Any]:
-    spec = slow_job(src, out, handler="straggler_slow", max_concurrent_files=4)
+def _spec(src: str, out: str, **kw: Any) -> dict[str, Any]:
+    spec = slow_job(src, out, handler="straggler_slow", max_concurrent_files=4, **kw)
     return spec.model_dump(mode="json")
 
 
 async def _start(
-    client: Client, task_queue: str, src: str, out: str, tag: str, **knobs: Any
+    client: Client, task_queue: str, src: str, out: str, tag: str, job: dict[str, Any] | None = None, **knobs: Any
 ) -> WorkflowHandle[Any, Any]:
-    """The job, continuing as new every ``FILES_PER_RUN`` files (the state's tuning knobs, and ``knobs``)."""
+    """The job (``_spec`` unless given), continuing as new every ``FILES_PER_RUN`` files (the state's
+    tuning knobs, and ``knobs``)."""
     return await client.start_workflow(
         S3BatchWorkflow.run,
-        args=[_spec(src, out), {"files_per_run": FILES_PER_RUN, **knobs}],
+        args=[job or _spec(src, out), {"files_per_run": FILES_PER_RUN, **knobs}],
         id=new_id(tag),
         task_queue=task_queue,
         result_type=S3BatchResult,
@@ -229,6 +235,63 @@ async def test_without_the_hand_over_a_full_run_waits_for_its_big_file(
     assert legs == [BIG], "the big file ran in one activity"
     assert report(s3, out)["files"] and _check_report_books(report(s3, out))[BIG]["resumed_from_record"] == 0
     assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PostgresServer]:
+    bindir = server_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found: pg_config --bindir, /usr/lib/postgresql")
+    server = PostgresServer(bindir)
+    try:
+        server.start()
+    except (RuntimeError, KeyError) as err:  # KeyError: no postgres user to run it as root
+        server.remove()
+        pytest.skip(f"cannot start a PostgreSQL server here: {err}")
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+async def pg_worker(stack: Stack, pg: PostgresServer, task_queue: str) -> AsyncIterator[Worker]:
+    """An in-process worker whose settings know connection ``test``."""
+    plain = await Client.connect(stack.config.temporal_address)
+    settings = Settings.explicit(postgres_dsns={"test": pg.dsn})
+    plugin = S3BatchPlugin(make_client(), settings=settings, register_search_attributes=False)
+    async with Worker(plain, task_queue=task_queue, plugins=[plugin], max_concurrent_activities=4) as w:
+        yield w
+
+
+def _rows_csv(first: int, count: int) -> bytes:
+    return ("id,name,note\n" + "".join(f"{i},n{i},\n" for i in range(first, first + count))).encode()
+
+
+async def test_a_handed_over_file_into_postgres_resumes_from_the_checkpoint_in_the_database(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker
+) -> None:
+    # The PostgreSQL sink keeps its checkpoint in the database, beside the rows: the next run's
+    # activity (no heartbeat, no parts on S3) must find it there, and write no row twice.
+    src, out = buckets
+    table = f"items_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{table} (id integer PRIMARY KEY, name text NOT NULL, note text)")
+    files = {BIG: _rows_csv(0, BIG_ROWS)}
+    files.update({key: _rows_csv(100_000 + i * SMALL_ROWS, SMALL_ROWS) for i, key in enumerate(SMALLS)})
+    put_files(s3, src, files)
+    sink = {"type": "postgres", "connection": "test", "table": f"public.{table}"}
+    handle = await _start(client, task_queue, src, out, "strag-pg", job=_spec(src, out, sink=sink))
+    result = await handle.result()
+    assert result.status == "succeeded" and result.totals.files_succeeded == 1 + len(SMALLS)
+    total = BIG_ROWS + SMALL_ROWS * len(SMALLS)
+    assert result.totals.records_written == total
+    ids = [int(r[0]) for r in pg.execute(f"SELECT id FROM public.{table} ORDER BY id")]  # type: ignore[call-overload]
+    assert ids == [*range(BIG_ROWS), *range(100_000, 100_000 + SMALL_ROWS * len(SMALLS))], "each row exactly once"
+    runs = await _runs(client, handle)
+    legs = [i for i, ev in enumerate(runs) for key in (await _file_activities(client, ev)).values() if key == BIG]
+    assert len(set(legs)) >= 2, f"the big file ran in one run only: {legs}"
+    big = _check_report_books(report(s3, out))[BIG]
+    assert big["resumed_from_record"] > 0 and big["records_written"] == BIG_ROWS, big
 
 
 def _ref(key: str) -> ObjectRef:

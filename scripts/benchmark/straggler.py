@@ -41,7 +41,7 @@ class StragglerSizes:
     small_files: int = 1_500
     """Small files of the job besides the big one (``files_per_run - 1`` before it, the rest after)."""
     small_rows: int = 11
-    big_rows: int = 200_000
+    big_rows: int = 400_000
     chunk_records: int = 1_000
     delay: float = 0.05
     """Seconds of handler sleep per chunk (every small file is one chunk)."""
@@ -108,8 +108,10 @@ async def _run(b: Bench, queue: str, z: StragglerSizes, prefix: str, out_prefix:
             await handle.terminate("benchmark timeout")
         raise
     seconds = time.perf_counter() - t0
-    runs = await history_chain(b.client, wid, handle.first_execution_run_id or handle.result_run_id)
-    return {"workflow_id": wid, "seconds": seconds, "totals": result.totals.model_dump(), "runs": len(runs)}
+    first = handle.first_execution_run_id or handle.result_run_id
+    runs = await history_chain(b.client, wid, first)
+    return {"workflow_id": wid, "first_run_id": first, "seconds": seconds, "totals": result.totals.model_dump(),
+            "runs": len(runs)}
 
 
 async def case_straggler(b: Bench) -> None:
