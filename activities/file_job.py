@@ -32,6 +32,7 @@ from s3batch.handlers import ChunkContext, get_handler, passthrough
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
+from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:
 
@@ -113,7 +114,10 @@ class FileJob:
             s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
         )
         # The built-in passthrough into JSONL parts: the fast CSV path writes a run of rows' documents at once.
-        self._packed = self.books.handler is passthrough and type(self.output) is FileOutput
+        # Or, into a table in insert mode, keeps the rows as the file's own CSV for the database's CSV COPY.
+        passing = self.books.handler is passthrough
+        self._packed = passing and type(self.output) is FileOutput
+        self._as_csv = passing and getattr(self.output, "takes_csv", False)
         # Parts on S3 are written one chunk behind the chunk loop; a table's transaction at once.
         self.behind = WriteBehind(isinstance(self.output, FileOutput))
         self.dir = self.output.dir
@@ -258,7 +262,7 @@ class FileJob:
             records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
-            packed = parser if self._packed and isinstance(parser, FastCsvParser) else None
+            packed = parser if (self._packed or self._as_csv) and isinstance(parser, FastCsvParser) else None
             stack.callback(self._count_fast, parser)
             while True:
                 self._stop_if_asked()
@@ -272,6 +276,7 @@ class FileJob:
                     rejects: list[tuple[int, bytes]] = []
                     lines: list[int] = []  # the source line of each output
                     taken = buffered = joined = 0
+                    csv_rows = self._csv_rows(packed)
                     # A chunk ends after chunk_records records, or once its source bytes or its
                     # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
                     # checkpoint is exact either way, and memory stays about the budget.
@@ -282,7 +287,9 @@ class FileJob:
                         until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
                         if packed is not None:  # taken as below, so the chunk ends where the exact path ends it
                             chunk, source = (output, rejects, lines), (records, packed)
-                            got, size, more = take_packed(self.books, self.probe, source, lookahead, chunk, want, until)
+                            got, size, more = take_packed(
+                                self.books, self.probe, source, lookahead, chunk, want, until, csv_rows
+                            )
                             lookahead = []
                             if not got:
                                 break
@@ -305,11 +312,17 @@ class FileJob:
                     lookahead = list(islice(records, 1))
                     done = not lookahead
                     written = len(output) + joined
-                    cp = self._commit(cp, taken, (output, rejects, lines), written, end_offset, end_line, done)
+                    chunk = (output, rejects, lines)
+                    cp = self._commit(cp, taken, chunk, written, end_offset, end_line, done, csv_rows)
                 if done:
                     self.behind.settle()
                     assert self.checkpoint is not None
                     return self.checkpoint
+
+    def _csv_rows(self, parser: FastCsvParser | None) -> CsvRows | None:
+        if not self._as_csv or parser is None or parser.header is None:
+            return None
+        return CsvRows(parser.header, self.reading.delimiter, self.reading.quotechar)
 
     def _count_fast(self, parser: object) -> None:
         self.fast_records = getattr(parser, "fast_records", 0)
@@ -323,9 +336,11 @@ class FileJob:
         end_offset: int | None,
         end_line: int,
         done: bool,
+        csv_rows: CsvRows | None = None,
     ) -> Checkpoint:
-        """Commit the chunk (``chunk``: its outputs, rejects and the source line of each output) with the
-        new checkpoint through the sink: for S3 parts, the rejects, then the part carrying the checkpoint."""
+        """Commit the chunk (``chunk``: its outputs, rejects and the source line of each output; ``csv_rows``:
+        more outputs, as CSV for a table) with the new checkpoint through the sink: for S3 parts, the
+        rejects, then the part carrying the checkpoint."""
         output, rejects, lines = chunk
         raw = self.source.raw
         reasons = self.books.take_reasons()
@@ -359,7 +374,11 @@ class FileJob:
             committed.append(done_cp)
             self._check_rejects(done_cp)
 
-        self.behind.write(lambda: self.output.commit(cp, new, output, rejects, lines), then)
+        if csv_rows is None:
+            self.behind.write(lambda: self.output.commit(cp, new, output, rejects, lines), then)
+        else:
+            table: Any = self.output  # a PostgresOutput (takes_csv)
+            self.behind.write(lambda: table.commit(cp, new, output, rejects, lines, csv=csv_rows), then)
         return committed[0] if committed else new
 
     def _close_behind(self, kind: object, error: BaseException | None, tb: object) -> None:

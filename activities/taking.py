@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from s3batch.formats import Parser
 from s3batch.formats.common import Record
 from s3batch.formats.fastcsv import FastCsvParser
+from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:
     from s3batch.activities.handling import HandlerRun
@@ -42,12 +43,15 @@ def take_packed(
     chunk: Chunk,
     want: int,
     until: int,
+    rows: CsvRows | None = None,
 ) -> tuple[int, int, int]:
     """One sub-batch of the passthrough handler, as :func:`take` takes it after ``lookahead``, with the rows
-    of fast blocks encoded at once (:meth:`FastCsvParser.take_json`) and the others handled one by one.
+    of fast blocks encoded at once (:meth:`FastCsvParser.take_json`), or kept as CSV in ``rows``, and the
+    others handled one by one.
 
-    Returns the records taken, the output bytes they add (as ``HandlerRun.handle`` counts them) and the
-    outputs joined into pieces beyond one per piece (``len(outputs)`` + that = outputs)."""
+    Returns the records taken, the output bytes they add (as ``HandlerRun.handle`` counts them, whatever
+    form they are kept in) and the outputs not in ``chunk``'s list as one element each (``len(outputs)``
+    + that = outputs)."""
     records, parser = source
     output = chunk[0]
     size = joined = 0
@@ -60,15 +64,19 @@ def take_packed(
 
     remaining = want
     while remaining > 0:
-        n, pieces, reached = parser.take_json(remaining, until)
+        n, pieces, reached, n_size = parser.take_json(remaining, until, None if rows is None else rows.lines)
         if n:
             if pending:
                 size += handle(pending)
                 pending = []
-            output.extend(pieces)
+            if rows is None:
+                output.extend(pieces)
+                joined += n - len(pieces)
+            else:
+                rows.add(pieces)
+                joined += n
             books.passed_through(n)
-            joined += n - len(pieces)
-            size += sum(len(p) for p in pieces) - (n - len(pieces))  # without the line feeds inside pieces
+            size += n_size
             taken += n
             remaining -= n
             if reached:

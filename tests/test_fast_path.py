@@ -36,7 +36,7 @@ from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
-from tests.helpers.data import make_csv
+from tests.helpers.data import make_csv, messy_csv
 from tests.helpers.faultproxy import FaultProxy, Rule
 from tests.helpers.output import committed_parts, report
 from tests.helpers.records import chunked, walk
@@ -121,7 +121,7 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
     while at < len(records):
         want = data_st.draw(st.integers(1, 30))
         until = fast.offset + data_st.draw(st.integers(1, 400))
-        n, pieces, reached = fast.take_json(want, until)
+        n, pieces, reached, size = fast.take_json(want, until)
         if n == 0:
             record = next(it)
             assert record == records[at]
@@ -129,7 +129,9 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
             continue
         taken = records[at : at + n]
         assert all(r.error is None for r in taken)
-        assert b"\n".join(pieces) == b"\n".join(passthrough(taken).output)
+        documents = passthrough(taken).output
+        assert b"\n".join(pieces) == b"\n".join(documents)
+        assert size == sum(len(d) for d in documents)
         # _take's rule: stop after `want` records, or after the first record whose end reaches `until`.
         ends = [offset for offset, _ in bounds[at : at + n]]
         assert all(end < until for end in ends[:-1])
@@ -163,18 +165,6 @@ def _run(s3: Any, buckets: tuple[str, str], key: str, *, fast: bool, prefix: str
     return {"result": result.model_dump(exclude={"attempts"}), "objects": objects}
 
 
-def _messy_csv(rows: int) -> bytes:
-    body = [["id", "email", "name", "amount"]]
-    for i in range(rows):
-        name = ["Ann", "O'Brien, Pat", 'The "Boss"', "two\r\nlines", "é漢"][i % 5]
-        body.append([str(i), f"u{i}@example.com", name, f"{i % 997}.{i % 100:02d}"])
-    data = bytearray(_canonical(body, "\r\n"))
-    for at, damage in ((1_000, b'"oops'), (20_000, b"\r\n\r\n"), (50_000, b"\xff\xfe"), (90_000, b"1,2\r\n")):
-        cut = data.index(b"\r\n", len(data) * at // 100_000) + 2
-        data[cut:cut] = damage
-    return bytes(data)
-
-
 @pytest.mark.parametrize(
     ("rows", "chunk_records", "budget"),
     [(30_000, 1_000, 64 << 20), (30_000, 7_000, 64 << 20), (8_000, 10_000, 16_384)],
@@ -187,7 +177,7 @@ def test_file_output_is_byte_identical_with_and_without_the_fast_path(
     quoted fields, line breaks inside fields, a malformed quote, blank lines, bad UTF-8, a short row, and
     a chunk ended by the worker's byte budget."""
     src, _ = buckets
-    s3.put_object(Bucket=src, Key="in/messy.csv", Body=_messy_csv(rows))
+    s3.put_object(Bucket=src, Key="in/messy.csv", Body=messy_csv(rows))
     job = {"chunk_records": chunk_records, "budget": budget}
     exact = _run(s3, buckets, "in/messy.csv", fast=False, prefix="exact/", **dict(job))
     fast = _run(s3, buckets, "in/messy.csv", fast=True, prefix="fast/", **dict(job))

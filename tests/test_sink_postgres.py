@@ -5,6 +5,8 @@ upsert re-runs, rows the database refuses as rejects, a missing table or columns
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -12,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
@@ -23,6 +27,7 @@ from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.errors import SinkError
 from s3batch.jsonvalues import encode_json
+from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
@@ -31,7 +36,7 @@ from s3batch.sinks.postgres_pools import PostgresPools
 from s3batch.sinks.spec import PostgresSink
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_invalid_input
-from tests.helpers.data import make_csv
+from tests.helpers.data import make_csv, messy_csv
 from tests.helpers.jobs import execute, new_id, start
 from tests.helpers.output import report
 from tests.helpers.workers import worker_process
@@ -386,3 +391,43 @@ async def test_exactly_once_into_the_table_across_a_sigterm_hand_off(
     assert _ids(pg, table) == list(range(rows))
     entry = report(s3, out, "o/")["files"][0]
     assert entry["attempts"] >= 2 and entry["resumed_from_record"] > 0
+
+
+def test_fast_csv_copy_leaves_the_rows_and_rejects_of_the_exact_path(
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``passthrough`` into a table in insert mode: the fast path gives the database the file's own CSV
+    rows (one CSV ``COPY`` a chunk). Against the exact path on the same file: the same rows in the table
+    (an unquoted empty field is '' either way, never NULL), the same rejects (the parser's, and the rows
+    the database refuses, found by reading the CSV back) and the same counts."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/messy.csv", Body=messy_csv(12_000, bad_amounts=True))
+    head = s3.head_object(Bucket=src, Key="in/messy.csv")
+    obj = ObjectRef(key="in/messy.csv", etag=head["ETag"].strip('"'), size=head["ContentLength"])
+    tables = {}
+    for fast in (False, True):
+        name = f"messy_{'fast' if fast else 'exact'}_{uuid.uuid4().hex[:6]}"
+        pg.execute(f"CREATE TABLE public.{name} (id integer, email text, name text NOT NULL, amount numeric)")
+        req = ProcessFileInput(
+            job_id=f"job-{name}", bucket=src, obj=obj, output_bucket=out, output_prefix=f"{name}/",
+            handler="passthrough", format="auto", max_record_bytes=1 << 20, chunk_records=1_000,
+            sink=PostgresSink(type="postgres", connection="test", table=name),
+        )
+        settings = Settings.explicit(postgres_dsns={"test": pg.dsn}, csv_fast_path=fast)
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            result = ActivityEnvironment().run(S3Activities(s3, settings).process_file, req)
+        read_fast = [int(n) for n in re.findall(r"\((\d+) records read by the fast path\)", caplog.text)]
+        assert read_fast and (read_fast[0] > 10_000 if fast else read_fast[0] == 0), read_fast
+        listed = s3.list_objects_v2(Bucket=out, Prefix=f"{name}/").get("Contents", [])
+        rejects = {  # the reasons name the table: each path has its own
+            o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=out, Key=o["Key"])["Body"].read().replace(name.encode(), b"T")
+            for o in listed
+        }
+        rows = pg.execute(f"SELECT id, email, name, amount::text FROM public.{name} ORDER BY id, email")
+        tables[fast] = (result.model_dump(include={"records", "records_written", "rejected", "chunks"}), rejects, rows)
+    assert tables[True] == tables[False]
+    counts, rejects, rows = tables[True]
+    assert counts["rejected"] >= 12 + 3  # 12 amounts the database refuses, the damaged rows the parser rejects
+    assert len(rows) == counts["records_written"] and counts["records_written"] > 11_000
+    assert all(name for _, _, name, _ in rows)

@@ -30,10 +30,14 @@ from s3batch.reading import Reading
 
 BLOCK_BYTES = 1 << 20
 """Bytes parsed by pyarrow at once (a block ends after its last line break)."""
-_EXACT_BYTES = 64 * 1024
-"""Bytes read by the exact parser after a block that could not be read fast (doubling while blocks keep
-failing, up to :data:`_EXACT_MAX`)."""
+_EXACT_BYTES = 4 * 1024
+"""Where a block's first record cannot be read fast, the exact parser reads that record; when that
+happens again with few fast rows in between, it reads this many bytes, doubling each time (up to
+:data:`_EXACT_MAX`): a file that is rarely damaged stays fast, a file that is mostly not canonical
+costs a pyarrow attempt only every few MiB."""
 _EXACT_MAX = 16 << 20
+_GOOD_BLOCK = 64
+"""Fast rows in a block that reset the doubling."""
 _ALL = 1 << 62
 _WINDOW = 1_000
 """Rows of a block turned into ``{column: value}`` dicts at once, for the records read one by one."""
@@ -268,42 +272,55 @@ class FastCsvParser:
         block = self._blocks.read(data, last=last) if data else None
         if block is None or block.rows == 0:
             self._failures += 1
-            stretch = min(self._block_bytes, _EXACT_BYTES) << min(self._failures, 10)
+            stretch = 0 if self._failures == 1 else min(self._block_bytes, _EXACT_BYTES) << min(self._failures - 2, 12)
             self._start_exact(self._pos + min(stretch, _EXACT_MAX))
             return True
-        if block.rows >= 1000 or (last and block.ends[-1] == len(data)):
+        if block.rows >= _GOOD_BLOCK or (last and block.ends[-1] == len(data)):
             self._failures = 0
         self._block, self._row = block, 0
         return True
 
     # ------------------------------------------------------------------ passthrough at once
 
-    def take_json(self, want: int, until: int) -> tuple[int, list[bytes], bool]:
-        """Up to ``want`` records as the ``passthrough`` handler's JSON documents, as ``_take`` in the chunk
+    def take_json(
+        self, want: int, until: int, csv_lines: list[int] | None = None
+    ) -> tuple[int, list[bytes], bool, int]:
+        """Up to ``want`` records as the ``passthrough`` handler's JSON documents, as ``take`` in the chunk
         loop takes them: stop after a record whose end reaches ``until``.
 
+        With ``csv_lines``, the records' own CSV bytes instead (rows as the file has them, each with its
+        line end: canonical CSV, for a database's CSV ``COPY``), and their lines appended to ``csv_lines``.
+
         Returns:
-            The records taken, their documents (pieces of whole lines, each without its final line feed,
-            so that ``b"\\n".join`` of the chunk's outputs is the part's bytes), and whether ``until``
-            was reached. Fewer than ``want`` without reaching ``until``: the next record is not in a fast
+            The records taken; their documents (pieces of whole lines, each without its final line feed,
+            so that ``b"\n".join`` of the chunk's outputs is the part's bytes) or CSV bytes; whether
+            ``until`` was reached; and the bytes of their JSON documents (as ``HandlerRun.handle`` counts
+            outputs). Fewer than ``want`` without reaching ``until``: the next record is not in a fast
             block (read it with the record iterator).
         """
-        taken = 0
+        taken = size = 0
         pieces: list[bytes] = []
         while taken < want:
             block = self._block
             if self._exact is not None or block is None or self._row >= block.rows:
                 if self._exact is not None or self._done or not self._next_block() or self._exact is not None:
-                    return taken, pieces, False
+                    break
                 continue
             encoded = self._block_json(block)
             if encoded is None:
-                return taken, pieces, False
+                break
             blob, ends = encoded
             row = self._row
             reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
             n = min(want - taken, reach - row + 1, block.rows - row)
-            pieces.append(blob[ends[row] : ends[row + n] - 1])
+            size += ends[row + n] - ends[row] - n
+            if csv_lines is None:
+                pieces.append(blob[ends[row] : ends[row + n] - 1])
+            else:
+                start = block.ends[row - 1] if row else 0
+                pieces.append(block.raw[start : block.ends[row + n - 1]])
+                spans = self._row_lines(block)
+                csv_lines.extend(self._line + spans[i] for i in range(row, row + n))
             taken += n
             self.fast_records += n
             self._row = row + n
@@ -311,8 +328,8 @@ class FastCsvParser:
             if self._row == block.rows:
                 self._finish_block()
             if stop:
-                return taken, pieces, True
-        return taken, pieces, False
+                return taken, pieces, True, size
+        return taken, pieces, False, size
 
     def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
         if self._json is False:

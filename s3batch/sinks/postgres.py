@@ -23,7 +23,9 @@ and never enters the job's history or heartbeats. One pool per connection name p
 
 from __future__ import annotations
 
+import csv as _csv
 import hashlib
+import io
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,7 +40,7 @@ from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
 from s3batch.sinks.postgres_pools import PostgresPools, checkpoint_table, database_error
-from s3batch.sinks.rows import decoded, field_names
+from s3batch.sinks.rows import CsvRows, decoded, field_names
 from s3batch.sinks.spec import PostgresSink
 
 _REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
@@ -75,6 +77,12 @@ class PostgresOutput:
         self._checkpoints = checkpoint_table(spec)
         self._row_key = (self.target, bucket, output.key)
 
+    @property
+    def takes_csv(self) -> bool:
+        """Whether the chunk loop may give rows as the file's own CSV (``commit(csv=...)``): in insert mode
+        (upsert keeps the last row of a key, so its rows keep their order through one path)."""
+        return self.spec.mode == "insert"
+
     def is_ours(self, cp: Checkpoint) -> bool:
         return self.output.is_ours(cp)
 
@@ -106,16 +114,29 @@ class PostgresOutput:
         output: list[bytes],
         rejects: list[tuple[int, bytes]],
         lines: Sequence[int] = (),
+        csv: CsvRows | None = None,
     ) -> Checkpoint:
         """One transaction: lock the checkpoint row (and check it is at ``cp``), write the rows, write
-        the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``."""
+        the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``.
+
+        ``csv``: more rows of the chunk as the file's own canonical CSV (the fast path of ``passthrough``
+        in ``insert`` mode), given to the database's CSV ``COPY`` as they are; where it refuses a row they
+        are read back into values and written as the others, so the refused rows are found alike."""
         values = decoded(output)
-        columns = self._columns_of(values)
-        rows = [tuple(map(v.get, columns)) for v in values]
+        named = [*values, dict.fromkeys(csv.names)] if csv is not None and len(csv) else values
+        columns = self._columns_of(named)
+        rows = _tuples(values, columns)
+        lines = list(lines)
         try:
             with self.pool.connection() as conn, conn.transaction():
                 self._lock(conn, cp)
                 refused = self._write(conn, columns, rows)
+                if csv is not None and len(csv) and not self._copy_csv(conn, csv):
+                    more = csv_values(csv)
+                    base = len(values)
+                    refused += [(base + i, err) for i, err in self._write(conn, columns, _tuples(more, columns))]
+                    values += more
+                    lines += csv.lines
                 if refused:
                     new = self._with_refused(new, refused, values, lines, rejects)
                 self.output.write_rejects(cp.chunk, new, rejects)
@@ -123,6 +144,19 @@ class PostgresOutput:
         except (psycopg.Error, PoolTimeout) as err:
             raise database_error(err, "writing", self.spec) from None
         return new
+
+    def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows) -> bool:
+        """``COPY`` the CSV rows at once, in a savepoint; False when the database refused one of them."""
+        names = sql.SQL(", ").join(map(sql.Identifier, csv.names))
+        statement = sql.SQL(
+            "COPY {} ({}) FROM STDIN WITH (FORMAT csv, DELIMITER {}, QUOTE {}, FORCE_NOT_NULL ({}))"
+        ).format(self._table, names, sql.Literal(csv.delimiter), sql.Literal(csv.quote), names)
+        try:
+            with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+                copy.write(csv.data)  # an unquoted empty field is '' as in the JSON path, never NULL
+        except _REFUSED:
+            return False
+        return True
 
     def _columns_of(self, values: list[Any]) -> list[str]:
         """The columns the chunk's outputs name (in the table's order); each must exist."""
@@ -281,6 +315,17 @@ class PostgresOutput:
                 continue
             found.append(name)
         return sorted(found)
+
+
+def _tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
+    return [tuple(map(v.get, columns)) for v in values]
+
+
+def csv_values(csv: CsvRows) -> list[dict[str, str]]:
+    """The CSV rows read back as ``{column: value}`` (as the exact parser reads canonical CSV)."""
+    text = csv.data.decode()
+    reader = _csv.reader(io.StringIO(text, newline=""), delimiter=csv.delimiter, quotechar=csv.quote, strict=True)
+    return [dict(zip(csv.names, row, strict=True)) for row in reader if row]
 
 
 def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequence[tuple[Any, ...]]) -> None:

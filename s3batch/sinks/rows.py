@@ -1,4 +1,5 @@
-"""The handler's JSON outputs as rows (objects), for the sinks that store columns (PostgreSQL, Parquet)."""
+"""The handler's JSON outputs as rows (objects), for the sinks that store columns (PostgreSQL, Parquet); and
+rows kept as the file's own CSV (:class:`CsvRows`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,28 @@ def field_names(values: list[Any], where: str, sink: str) -> list[str]:
             named.update(dict.fromkeys(keys))
             last = keys
     return list(named)
+
+
+class CsvRows:
+    """The rows of a chunk kept as the file's own CSV bytes (fast blocks, for a table's CSV ``COPY``)."""
+
+    def __init__(self, names: list[str], delimiter: str, quote: str) -> None:
+        self.names = names
+        self.delimiter = delimiter
+        self.quote = quote
+        self.pieces: list[bytes] = []
+        """Whole rows, each with its line end (canonical CSV: see ``s3batch.formats.csv_arrow``)."""
+        self.lines: list[int] = []
+        """The source line of each row."""
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def add(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            # Only the object's last row can lack a line end; rows after it would join it.
+            self.pieces.append(piece if piece.endswith((b"\n", b"\r")) else piece + b"\n")
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.pieces)

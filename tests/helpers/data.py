@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,3 +24,22 @@ def put_files(s3: Any, bucket: str, files: dict[str, bytes]) -> None:
     """Upload ``{key: body}`` (16 at a time)."""
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda kv: s3.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), files.items()))
+
+
+def messy_csv(rows: int, bad_amounts: bool = False) -> bytes:
+    """A CSV (CRLF) of ``rows`` rows of id, email, name, amount whose names are quoted with a comma, a
+    quote or a line break, damaged at four places (an unterminated quote, blank lines, bad UTF-8, a short
+    row): the fast CSV path must hand over to the exact parser and back. ``bad_amounts``: every 1,000th
+    amount is ``n/a`` (a numeric column refuses it)."""
+    body = [["id", "email", "name", "amount"]]
+    for i in range(rows):
+        name = ["Ann", "O'Brien, Pat", 'The "Boss"', "two\r\nlines", "é漢"][i % 5]
+        amount = "n/a" if bad_amounts and i % 1_000 == 999 else f"{i % 997}.{i % 100:02d}"
+        body.append([str(i), f"u{i}@example.com", name, amount])
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerows(body)
+    data = bytearray(out.getvalue().encode())
+    for at, damage in ((1_000, b'"oops'), (20_000, b"\r\n\r\n"), (50_000, b"\xff\xfe"), (90_000, b"1,2\r\n")):
+        cut = data.index(b"\r\n", len(data) * at // 100_000) + 2
+        data[cut:cut] = damage
+    return bytes(data)
