@@ -286,13 +286,14 @@ async def test_temporal_server_restarted_mid_job(
     assert_exact(check)
     # Re-processing is bounded: the attempt running through the outage either finished the file
     # (nothing done twice), or a new attempt resumed at a committed part no earlier than the parts
-    # committed before the outage, redoing at most the chunk in flight of each earlier attempt.
+    # committed before the outage, redoing at most the two chunks in flight (one being written, one being
+    # read: activities/write_behind.py) of each earlier attempt.
     if entry["attempts"] == 1:
         assert (entry["resumed_from_record"], reprocessed) == (0, 0), entry
     else:
         assert entry["resumed_from_record"] >= committed_before, entry
         assert entry["resumed_from_record"] % chunk == 0, entry
-        assert 0 <= reprocessed <= chunk * (entry["attempts"] - 1), reprocessed
+        assert 0 <= reprocessed <= 2 * chunk * (entry["attempts"] - 1), reprocessed
 
 
 # ------------------------------------------------------------------------------------ 4. S3 errors (proxy)
@@ -468,10 +469,11 @@ async def test_s3_server_down_30_seconds_mid_job(
     assert_exact(check)
     # The attempt in flight failed on its next S3 call; the attempts during the outage failed before
     # reading a record; the one after it resumed at a committed part, no earlier than the parts
-    # committed before the outage. Only the chunk in flight when S3 went away is processed twice.
+    # committed before the outage. Only the chunks in flight when S3 went away are processed twice: the
+    # one whose part was being written and the one read meanwhile (activities/write_behind.py).
     assert entry["attempts"] >= 2, entry
     assert entry["resumed_from_record"] >= committed_before and entry["resumed_from_record"] % chunk == 0, entry
-    assert 0 <= reprocessed <= chunk, reprocessed
+    assert 0 <= reprocessed <= 2 * chunk, reprocessed
 
 
 # ------------------------------------------------------------------------------------ 6. zombie
@@ -1180,4 +1182,6 @@ async def test_read_timeout_past_the_client_retries_is_retried_by_temporal_from_
         "part that had reached S3",
     )
     assert_exact(check)
-    assert reprocessed == 0
+    # Part 3 had reached S3: nothing committed is processed again; the chunk read while its PUT was held
+    # (parts are written one chunk behind) is, since the attempt failed before committing it.
+    assert reprocessed <= chunk

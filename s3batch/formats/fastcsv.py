@@ -64,6 +64,7 @@ class _Tee:
     def read(self, n: int = -1) -> bytes:
         owner = self.owner
         n = BLOCK_BYTES if n is None or n < 0 else n
+        owner.trim()  # what the exact parser has consumed is not needed again (a 50 MB record is skipped)
         if self.at + n > owner.buf_start + len(owner.buf) and not owner.eof:
             owner.fill(self.at - owner.buf_start + n)
         start = self.at - owner.buf_start
@@ -155,6 +156,14 @@ class FastCsvParser:
         return self._spans
 
     # ------------------------------------------------------------------ reading
+
+    def trim(self) -> None:
+        """Drop the bytes before the exact parser's position (the fast path resumes there at the earliest)."""
+        if self._exact is not None:
+            drop = self._exact.offset - self.buf_start
+            if drop > 0:
+                self.buf = self.buf[drop:]
+                self.buf_start += drop
 
     def fill(self, want: int) -> None:
         """Hold at least ``want`` bytes from ``buf_start`` (fewer at the end of the stream)."""
