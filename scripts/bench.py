@@ -4,7 +4,7 @@ One command generates the data, starts its own local stack (Temporal dev server 
 loopback ports, under ``.bench/``), runs each case, prints one Markdown table on stdout and writes
 the full results as JSON (``.bench/results.json`` by default), with the machine described::
 
-    .venv/bin/python scripts/bench.py                 # every case, full sizes (~10-15 min, 2 cores)
+    .venv/bin/python scripts/bench.py                 # every case, full sizes (~15-20 min, 2 cores)
     .venv/bin/python scripts/bench.py --quick         # tiny sizes: proves the script works
     .venv/bin/python scripts/bench.py --cases 1,2 --json /tmp/r.json
 
@@ -29,6 +29,9 @@ Cases (see issue 6 and docs/PERFORMANCE.md):
      SDK's default (0.8 x the heartbeat timeout) that workers had before the plugin set one
   9. the big file into a PostgreSQL table (the sink, checkpoint in the same transaction) vs a plain
      psycopg ``COPY`` of the same rows (no checkpoint), on a throwaway server (``s3batch.dev.postgres``)
+  10. a straggler at continue-as-new: a run ending with one big slow file among many small ones, with
+     and without the hand-over to the next run, vs the big file alone
+  11. one big file on one worker process allowed two cores vs one (its threads pinned to CPU 0)
 
 The cases live in ``scripts/benchmark/`` (one module per kind, ``common`` for what they share); the
 naive design of case 6 in ``scripts/benchmark/baselines.py`` (``NaiveFileWorkflow``), whose worker
@@ -75,10 +78,12 @@ from scripts.benchmark.common import (  # noqa: E402
     Sizes,
     log,
 )
+from scripts.benchmark.cores import case_cores  # noqa: E402
 from scripts.benchmark.crash import case_crash  # noqa: E402
 from scripts.benchmark.data import object_size, put_csv  # noqa: E402
 from scripts.benchmark.postgres import case_postgres  # noqa: E402
 from scripts.benchmark.responsiveness import case_responsiveness  # noqa: E402
+from scripts.benchmark.straggler import case_straggler  # noqa: E402
 from scripts.benchmark.throughput import case_big, case_history, case_memory, case_small, case_two_workers  # noqa: E402
 
 # ------------------------------------------------------------------------------------------ main
@@ -148,7 +153,7 @@ async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Ca
     sizes = b.sizes
     if any(c in cases for c in (1, 2, 3, 7)):
         b.worker("main", b.main_queue, sizes.small_concurrency).wait_ready()
-    if any(c in cases for c in (1, 2, 9)) and object_size(b.s3, "big/customers.csv") is None:
+    if any(c in cases for c in (1, 2, 9, 11)) and object_size(b.s3, "big/customers.csv") is None:
         t0 = time.perf_counter()
         size = put_csv(b.s3, "big/customers.csv", sizes.big_rows)
         log(f"generated and uploaded big/customers.csv: {sizes.big_rows:,} rows, {size / MB:.1f} MB in "
@@ -163,6 +168,8 @@ async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Ca
         (7, lambda: case_history(b)),
         (8, lambda: case_responsiveness(b)),
         (9, lambda: case_postgres(b)),
+        (10, lambda: case_straggler(b)),
+        (11, lambda: case_cores(b)),
     ]
     for number, step in steps:
         if number not in cases:
@@ -253,7 +260,9 @@ async def bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, figures meaningless)")
-    parser.add_argument("--cases", default="1,2,3,4,5,6,7,8,9", help="comma-separated case numbers (default: all)")
+    parser.add_argument(
+        "--cases", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated case numbers (default: all)"
+    )
     parser.add_argument("--json", help="where to write the results (default: .bench/results.json)")
     parser.add_argument("--root", default=str(ROOT / ".bench"), help="working directory (default: .bench)")
     parser.add_argument("--heartbeat-timeout", type=int, default=0, help="case 6 heartbeat timeout, seconds")
