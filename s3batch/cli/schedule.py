@@ -50,7 +50,8 @@ async def cmd_create(args: argparse.Namespace) -> int:
     job = _job(args)  # before connecting: bad input never reaches the server
     client = await connect()
     await api.create(
-        client, args.name, job, every=every, cron=args.cron, overlap=args.overlap, task_queue=args.task_queue
+        client, args.name, job, every=every, cron=args.cron, overlap=args.overlap, task_queue=args.task_queue,
+        paused=args.paused,
     )
     if args.json:
         print_json({"schedule_id": api.schedule_id(args.name), "workflow_id": api.run_workflow_id(args.name)})
@@ -84,11 +85,26 @@ async def cmd_backfill(args: argparse.Namespace) -> int:
     try:
         start, end = parse_time(args.start), parse_time(args.end)
     except ValueError:
-        raise CliError("--start and --end: ISO 8601 times such as 2026-11-30T08:00:00Z", EXIT_BAD_INPUT) from None
+        raise CliError(
+            f"--start {args.start!r} / --end {args.end!r}: give ISO 8601 times such as 2026-11-30T08:00:00Z "
+            "(nothing was started)",
+            EXIT_BAD_INPUT,
+        ) from None
     if start >= end:
-        raise CliError("--start must be earlier than --end", EXIT_BAD_INPUT)
-    await api.backfill(await connect(), args.name, start, end)
-    print(f"backfill of schedule {api.schedule_id(args.name)} from {start.isoformat()} to {end.isoformat()} requested")
+        raise CliError(
+            f"--start {start.isoformat()} must be earlier than --end {end.isoformat()} (nothing was started)",
+            EXIT_BAD_INPUT,
+        )
+    started = await api.backfill(await connect(), args.name, start, end)
+    if args.json:
+        print_json({"schedule_id": api.schedule_id(args.name), "workflow_ids": started})
+        return EXIT_OK
+    print(
+        f"backfill of schedule {api.schedule_id(args.name)} from {start.isoformat()} to {end.isoformat()}: "
+        f"{len(started)} run(s), one after the other:"
+    )
+    for workflow_id in started:
+        print(f"  {workflow_id}")
     return EXIT_OK
 
 
@@ -103,6 +119,7 @@ def add_schedule(commands: argparse._SubParsersAction) -> None:
         "--overlap", choices=sorted(api.OVERLAPS), default="skip", help="a tick while a run runs (default: skip)"
     )
     create.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
+    create.add_argument("--paused", action="store_true", help="create it paused (e.g. to backfill first)")
     create.add_argument("--json", action="store_true", help="machine-readable output")
     create.add_argument("--input", metavar="JSON", help="the job as JSON (instead of the job flags)")
     add_job_flags(create)
@@ -126,4 +143,5 @@ def add_backfill(commands: argparse._SubParsersAction) -> None:
     backfill.add_argument("name", metavar="NAME", help="the schedule's name")
     backfill.add_argument("--start", required=True, help="ISO 8601 start of the window")
     backfill.add_argument("--end", required=True, help="ISO 8601 end of the window")
+    backfill.add_argument("--json", action="store_true", help="machine-readable output (the runs' workflow IDs)")
     backfill.set_defaults(func=cmd_backfill)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from temporalio.api.workflowservice.v1 import ListScheduleMatchingTimesRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -23,7 +24,9 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleState,
 )
+from temporalio.service import RPCError, RPCStatusCode
 
+from s3batch.client.errors import InvalidRequest, JobNotFound
 from s3batch.config import Settings
 from s3batch.models import S3BatchInput
 
@@ -38,6 +41,11 @@ def schedule_id(name: str) -> str:
 def run_workflow_id(name: str) -> str:
     """The workflow ID the schedule gives its runs (Temporal appends ``-{tick time}``)."""
     return f"s3batch-schedule-{name}"
+
+
+def tick_workflow_id(name: str, tick: datetime.datetime) -> str:
+    """The workflow ID of the run of ``tick`` (Temporal appends the tick's time, to the second, in UTC)."""
+    return f"{run_workflow_id(name)}-{tick.astimezone(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
 def incremental(job: S3BatchInput) -> S3BatchInput:
@@ -118,9 +126,43 @@ async def delete(client: Client, name: str) -> None:
     await client.get_schedule_handle(schedule_id(name)).delete()
 
 
-async def backfill(client: Client, name: str, start: datetime.datetime, end: datetime.datetime) -> None:
+async def ticks(client: Client, name: str, start: datetime.datetime, end: datetime.datetime) -> list[datetime.datetime]:
+    """The schedule's ticks between ``start`` and ``end`` (as the server computes them for a backfill).
+
+    Raises:
+        JobNotFound: There is no schedule ``s3batch-NAME``.
+    """
+    request = ListScheduleMatchingTimesRequest(namespace=client.namespace, schedule_id=schedule_id(name))
+    request.start_time.FromDatetime(start)
+    request.end_time.FromDatetime(end)
+    try:
+        response = await client.workflow_service.list_schedule_matching_times(request)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise JobNotFound(
+                f"no schedule {schedule_id(name)} in namespace {client.namespace} (see `s3batch schedule list`)"
+            ) from None
+        raise
+    return [t.ToDatetime(datetime.UTC) for t in response.start_time]
+
+
+async def backfill(client: Client, name: str, start: datetime.datetime, end: datetime.datetime) -> list[str]:
     """Run the ticks the schedule would have had between ``start`` and ``end`` (all of them, one after
-    the other: overlap BUFFER_ALL), e.g. after a pause. Each is an incremental run of the ledger."""
+    the other: overlap BUFFER_ALL), e.g. after a pause. Each is an incremental run of the ledger, whose
+    workflow ID is :func:`tick_workflow_id`. Returns those IDs, in tick order.
+
+    Raises:
+        JobNotFound: There is no schedule ``s3batch-NAME``.
+        InvalidRequest: The window holds no tick of the schedule (nothing was started).
+    """
+    found = await ticks(client, name, start, end)
+    if not found:
+        raise InvalidRequest(
+            f"schedule {schedule_id(name)} has no tick between {start.isoformat()} and {end.isoformat()}: "
+            "nothing was started; give a window that holds at least one of its ticks (`s3batch schedule list` "
+            "shows the next one)"
+        )
     await client.get_schedule_handle(schedule_id(name)).backfill(
         ScheduleBackfill(start_at=start, end_at=end, overlap=ScheduleOverlapPolicy.BUFFER_ALL)
     )
+    return [tick_workflow_id(name, t) for t in found]
