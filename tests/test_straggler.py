@@ -19,7 +19,7 @@ from s3batch.workflows.batch import S3BatchWorkflow
 from s3batch.workflows.books import Books
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ActivityError, CancelledError, RetryState, TimeoutError, TimeoutType
 from temporalio.worker import Replayer, Worker
 
 from s3batch.config import Settings
@@ -332,6 +332,28 @@ def test_a_file_whose_leg_commits_no_chunk_is_not_handed_over_again() -> None:
     books.check()
     assert st.handed_over is None and st.kept is None
     assert st.model_dump(mode="json").keys().isdisjoint({"handed_over", "kept"}), "left out of the state when unset"
+
+
+def _timed_out() -> ActivityError:
+    err = ActivityError(
+        "activity Heartbeat timeout", scheduled_event_id=5, started_event_id=6, identity="w", activity_type="t",
+        activity_id="1", retry_state=RetryState.TIMEOUT,
+    )
+    err.__cause__ = TimeoutError("activity Heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[])
+    return err
+
+
+def test_a_file_whose_worker_is_lost_during_a_hand_over_is_handed_over_not_failed() -> None:
+    # The server retries no activity it was asked to cancel: when the file's worker died, the stop
+    # ends in a heartbeat timeout. The file did not fail: the next run resumes it (SIGKILL test in
+    # tests/test_faults.py, continue-as-new due).
+    books = Books(JobState())
+    big = _ref("big")
+    [stopped] = books.failed([big], _timed_out(), 10, stopped=True, handing_over=True)
+    assert stopped.status == "cancelled"
+    # Outside a hand-over a timeout that ran out of attempts is a failure, as before.
+    [failed] = books.failed([big], _timed_out(), 10, stopped=False, handing_over=False)
+    assert failed.status == "failed"
 
 
 def test_a_job_stopped_with_a_handed_over_file_pending_reports_it_cancelled() -> None:

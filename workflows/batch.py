@@ -232,6 +232,10 @@ class S3BatchWorkflow:
 
         await workflow.wait_condition(changed)
 
+    def _ending(self) -> bool:
+        """The job is being cancelled, or stopped for ``max_rejected_total``."""
+        return self._cancelling or self._stopping
+
     def _limit(self) -> int:
         """Files in flight allowed now: the last ``set_concurrency``, else the job's own setting."""
         spec = self._job
@@ -306,10 +310,11 @@ class S3BatchWorkflow:
             # result (the files it finished) is then taken from the handle.
             results = completed_anyway(handle) or [cancelled_result(obj) for obj in group]
         except ActivityError as err:
-            stopped = self._cancelling or self._stopping or self._handing_over
-            results = self._books.failed(group, err, self._spec.max_attempts, stopped=stopped)
+            over = self._handing_over and not self._ending()  # a hand-over, not a cancel
+            stopped = self._ending() or over
+            results = self._books.failed(group, err, self._spec.max_attempts, stopped=stopped, handing_over=over)
         try:
-            if self._handing_over and not (self._cancelling or self._stopping):
+            if self._handing_over and not self._ending():
                 self._books.hand_over(group, results, self._spec.bucket)
             else:
                 self._books.record_group(group, results, self._spec.bucket)

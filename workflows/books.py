@@ -9,6 +9,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
@@ -112,13 +113,17 @@ class Books:
             self.record_group(rest, [r for r in results if r.status != "cancelled"], bucket)
 
     def failed(
-        self, group: list[ObjectRef], err: ActivityError, max_attempts: int, *, stopped: bool
+        self, group: list[ObjectRef], err: ActivityError, max_attempts: int, *, stopped: bool, handing_over: bool
     ) -> list[FileResult]:
         """The results of a failed file activity (none when a group's files are put back to run alone).
 
         ``stopped``: the workflow asked the activity to stop (a cancel, ``max_rejected_total``, a hand-over).
+        ``handing_over``: for a hand-over, an activity that timed out meanwhile (its worker was lost: the
+        server retries no activity it was asked to cancel) is stopped too, not failed: the next run
+        starts it again from its committed checkpoint.
         """
-        if stopped and is_cancelled_exception(err):
+        lost = handing_over and isinstance(err.cause, ActivityTimeout)
+        if stopped and (is_cancelled_exception(err) or lost):
             return [cancelled_result(obj) for obj in group]
         if len(group) == 1:
             return [failed_result(group[0], err, max_attempts)]
