@@ -70,7 +70,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
         return EXIT_OK
     for s in found:
         state = "paused" if s["paused"] else "active"
-        print(f"{s['name']}\t{state}\tnext {(s['next'] or ['-'])[0]}\tlast {(s['recent'] or ['-'])[-1]}")
+        print(
+            f"{s['name']}\t{state}\tnext {(s['next'] or ['-'])[0]}\tlast {(s['recent'] or ['-'])[-1]}\t{s['job']}"
+        )
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.workflowservice.v1 import ListScheduleMatchingTimesRequest
 from temporalio.client import (
     Client,
@@ -24,6 +25,7 @@ from temporalio.client import (
     ScheduleSpec,
     ScheduleState,
 )
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch.client.errors import InvalidRequest, JobNotFound
@@ -89,7 +91,8 @@ async def create(
 
 
 async def list_all(client: Client) -> list[dict[str, Any]]:
-    """The s3batch schedules: name, paused, next and recent run times."""
+    """The s3batch schedules: name, paused, next and recent run times, and the job's source and output
+    (:func:`job_of`)."""
     found = []
     async for entry in await client.list_schedules():
         if not entry.id.startswith("s3batch-"):
@@ -103,9 +106,29 @@ async def list_all(client: Client) -> list[dict[str, Any]]:
                 "paused": bool(schedule and schedule.state.paused),
                 "next": [t.isoformat() for t in (info.next_action_times if info else [])][:1],
                 "recent": recent[-3:],
+                "job": await job_of(client, entry.id),
             }
         )
     return found
+
+
+async def job_of(client: Client, schedule: str) -> str:
+    """``s3://bucket/prefix/ -> s3://output/prefix/`` of the job a schedule starts, decoded with the
+    client's converter (its encryption key); a placeholder when this client cannot decode it."""
+    try:
+        action = (await client.get_schedule_handle(schedule).describe()).schedule.action
+        if not isinstance(action, ScheduleActionStartWorkflow) or not action.args:
+            return "(no s3batch job)"
+        raw = [a for a in action.args if isinstance(a, Payload)]
+        [job] = await client.data_converter.decode(raw[:1], [S3BatchInput])
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:  # deleted while listing
+            return "(deleted)"
+        raise
+    except (ApplicationError, KeyError, RuntimeError, ValueError):  # KeyError: an encoding unknown without the codec
+        # An encrypted job read without its key (or not an s3batch input): say so, never guess.
+        return "(cannot be decoded here: encrypted with another key, or no key set)"
+    return f"s3://{job.bucket}/{job.prefix} -> s3://{job.output_bucket}/{job.output_prefix}"
 
 
 async def pause(client: Client, name: str, note: str = "paused by s3batch") -> None:
