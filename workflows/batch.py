@@ -217,6 +217,7 @@ class S3BatchWorkflow:
         await self._stop_in_flight()
 
     async def _stop_in_flight(self) -> None:
+        """Stop the files in flight at a chunk boundary (a cancel, ``max_rejected_total``, a hand-over)."""
         for task in list(self._tasks):
             # The activities use WAIT_CANCELLATION_COMPLETED: each task ends once its activity
             # has stopped after its last checkpoint (or finished anyway).
@@ -245,16 +246,17 @@ class S3BatchWorkflow:
         """Graceful cancellation: stop the files in flight at a chunk boundary and write the report."""
         self._cancelling = True
         self._update_details()
-        await self._stop_files()
-        workflow.logger.info(
-            "job cancelled: %d file(s) stopped in flight, %d not started",
-            self._state.totals.files_cancelled,
-            self._state.totals.files_not_started,
-        )
+        await self._stop_in_flight()
         await self._close(spec, "cancelled")
+        totals = self._state.totals
+        workflow.logger.info("job cancelled: %d file(s) stopped, %d not started", totals.files_cancelled,
+                             totals.files_not_started)
 
     async def _close(self, spec: S3BatchInput, status: JobStatus) -> str:
         """Write the report and the ledger of a job ending ``status``; returns the report's key."""
+        # Files that never started are in the report too (a redrive of this job picks them up), and
+        # the listing's position: a redrive lists on after the last key this job saw.
+        self._books.close_pending()
         self._books.check()
         key = await write_report(spec, self._state, status, self._books.results)
         await write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done)
@@ -262,17 +264,10 @@ class S3BatchWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         return key
 
-    async def _stop_files(self) -> None:
-        """Stop the files in flight at a chunk boundary (``cancelled``); the others are ``not_started``."""
-        await self._stop_in_flight()
-        # Files that never started are in the report too (a redrive of this job picks them up), and
-        # the listing's position: a redrive lists on after the last key this job saw.
-        self._books.close_pending()
-
     async def _stop_for_rejects(self, spec: S3BatchInput, reason: str) -> S3BatchResult:
         """Over ``max_rejected_total``: stop the files like a cancel, write the report, fail the job."""
         self._stopping = True
-        await self._stop_files()
+        await self._stop_in_flight()
         key = await self._close(spec, "failed")
         raise ApplicationError(
             f"{reason} The report: s3://{spec.output_bucket}/{key}", type=TOO_MANY_REJECTS, non_retryable=True
