@@ -4,6 +4,7 @@ one that is not a window, is refused with a message and exit code 2."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import uuid
@@ -122,11 +123,55 @@ async def test_backfill_refuses_a_window_without_ticks_and_bad_windows(client: C
             backwards.stderr
         ), backwards.stderr
 
+        future = datetime.datetime.now(datetime.UTC).replace(microsecond=0) + datetime.timedelta(hours=3)
+        ahead = await run("s3batch", "backfill", name, "--start", "2026-11-30", "--end", _at(future))
+        assert ahead.code == 2 and f"--end {future.isoformat()} is in the future" in ahead.stderr, ahead
+
         missing = await run("s3batch", "backfill", f"{name}-nope", "--start", "2026-11-30", "--end", "2026-12-01")
         assert missing.code == 1 and f"no schedule s3batch-{name}-nope" in missing.stderr, missing
-        for result in (empty, garbled, backwards, missing):
+        for result in (empty, garbled, backwards, ahead, missing):
             assert "Traceback" not in result.stderr
         started = [wf async for wf in client.list_workflows(f"WorkflowId STARTS_WITH 's3batch-schedule-{name}-'")]
         assert started == []
+    finally:
+        assert (await run("s3batch", "schedule", "delete", name)).code == 0
+
+
+async def test_backfill_refuses_ticks_that_already_ran(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+):
+    """A tick runs once: its workflow ID names its output prefix and the ledger's last run, so a second
+    run of it would overwrite the first one's report and leave the ledger unadvanced (its files done
+    again by the next run). A backfill over a window holding a tick that ran is refused, naming it."""
+    src, out = buckets
+    put_files(s3, src, {"in/a.jsonl": b'{"v": "a"}\n'})
+    name = f"bf-again-{uuid.uuid4().hex[:6]}"
+    job = {"bucket": src, "prefix": "in/", "output_bucket": out, "output_prefix": "o/", "handler": "passthrough"}
+    created = await run(
+        "s3batch", "schedule", "create", name, "--every", f"{EVERY}s", "--task-queue", task_queue, "--paused",
+        "--input", json.dumps(job),
+    )
+    assert created.code == 0, created.stderr
+    runs_prefix = f"s3batch-schedule-{name}-"
+    try:
+        base = datetime.datetime.now(datetime.UTC).replace(microsecond=0) - datetime.timedelta(hours=2)
+        base -= datetime.timedelta(seconds=base.timestamp() % EVERY)
+        first = await run("s3batch", "backfill", name, "--start", _at(base + datetime.timedelta(seconds=5)),
+                          "--end", _at(base + datetime.timedelta(seconds=EVERY + 5)))
+        assert first.code == 0, first.stderr
+        ran = f"{runs_prefix}{_at(base + datetime.timedelta(seconds=EVERY))}"
+        assert (await wait_for(lambda: _at_least(client, runs_prefix, 1), 60, "the backfilled run")) == {
+            ran: WorkflowExecutionStatus.COMPLETED
+        }
+        report = s3.get_object(Bucket=out, Key=f"{run_output_prefix('o/', ran)}_report.json")["Body"].read()
+
+        again = await run("s3batch", "backfill", name, "--start", _at(base + datetime.timedelta(seconds=5)),
+                          "--end", _at(base + datetime.timedelta(seconds=2 * EVERY + 5)))
+        assert again.code == 3, again
+        assert f"already ran: {ran}" in again.stderr and "nothing was started" in again.stderr, again.stderr
+        await asyncio.sleep(3)  # what a second run of the tick would have had to start
+        executions = [wf async for wf in client.list_workflows(f"WorkflowId STARTS_WITH '{runs_prefix}'")]
+        assert [wf.id for wf in executions] == [ran]
+        assert s3.get_object(Bucket=out, Key=f"{run_output_prefix('o/', ran)}_report.json")["Body"].read() == report
     finally:
         assert (await run("s3batch", "schedule", "delete", name)).code == 0

@@ -28,7 +28,7 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from s3batch.client.errors import InvalidRequest, JobNotFound
+from s3batch.client.errors import InvalidRequest, JobNotFound, WrongJobState
 from s3batch.config import Settings
 from s3batch.models import S3BatchInput
 
@@ -176,8 +176,15 @@ async def backfill(client: Client, name: str, start: datetime.datetime, end: dat
 
     Raises:
         JobNotFound: There is no schedule ``s3batch-NAME``.
-        InvalidRequest: The window holds no tick of the schedule (nothing was started).
+        InvalidRequest: The window holds no tick of the schedule, or ends in the future.
+        WrongJobState: A tick of the window already ran (nothing was started).
     """
+    now = datetime.datetime.now(datetime.UTC)
+    if end > now:
+        raise InvalidRequest(
+            f"--end {end.isoformat()} is in the future (now {now.isoformat(timespec='seconds')}): a backfill runs "
+            "past ticks, the schedule runs the others; nothing was started"
+        )
     found = await ticks(client, name, start, end)
     if not found:
         raise InvalidRequest(
@@ -185,7 +192,19 @@ async def backfill(client: Client, name: str, start: datetime.datetime, end: dat
             "nothing was started; give a window that holds at least one of its ticks (`s3batch schedule list` "
             "shows the next one)"
         )
+    ids = [tick_workflow_id(name, t) for t in found]
+    # A second run of a tick would reuse its workflow ID, hence its output prefix (overwriting the first
+    # run's report) and its name in the ledger (which takes its write for a retry of the first run's and
+    # records nothing of it).
+    query = f"WorkflowId STARTS_WITH '{run_workflow_id(name)}-'"
+    ran = sorted(set(ids) & {wf.id async for wf in client.list_workflows(query)})
+    if ran:
+        shown = ", ".join(ran[:3]) + (f" and {len(ran) - 3} more" if len(ran) > 3 else "")
+        raise WrongJobState(
+            f"{len(ran)} tick(s) of this window already ran: {shown}; a tick runs once (its workflow ID names its "
+            "output prefix), so nothing was started: give a window without them"
+        )
     await client.get_schedule_handle(schedule_id(name)).backfill(
         ScheduleBackfill(start_at=start, end_at=end, overlap=ScheduleOverlapPolicy.BUFFER_ALL)
     )
-    return [tick_workflow_id(name, t) for t in found]
+    return ids
