@@ -200,6 +200,15 @@ async def cancel(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return handle, "CancelledError"
 
 
+async def straggler(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """One big slow file and six small ones, three files per run: each full run hands the big file
+    over to the next (patch marker, grace timer, activity cancel)."""
+    src, out = ctx.buckets("straggler")
+    ctx.put(src, {"in/00-big.csv": csv_rows(3_000), **{f"in/{i:02d}.csv": csv_rows(20) for i in range(1, 7)}})
+    job = _job(src, out, handler="slow_passthrough", chunk_records=100, group_max_files=1, max_concurrent_files=3)
+    return await ctx.start("straggler", job, {"files_per_run": 3}), "succeeded"
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "continue_as_new": continue_as_new,
     "groups": groups,
@@ -208,6 +217,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "redrive": redrive,
     "group_fails": group_fails,
     "cancel": cancel,
+    "straggler": straggler,
 }
 
 

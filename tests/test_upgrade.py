@@ -255,7 +255,8 @@ async def test_previous_release_workers_hand_a_running_job_to_current_workers(
     # No workflow task failed in any run (a non-determinism or decoding error would show up here),
     # and both releases completed workflow tasks: the new workers replayed the old workers' history.
     runs = await all_runs(client, handle)
-    assert len(runs) == 4, f"expected 4 runs (3 files per run, 10 files in 4 runs), got {len(runs)}"
+    # 3 files per run, 10 files: 4 runs, more when a new worker hands a file in flight over to the next run.
+    assert len(runs) >= 4, f"expected 4 runs or more (3 files per run, 10 files), got {len(runs)}"
     events = [e for run in runs for e in run]
     failed = [e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
     assert not failed, [e.workflow_task_failed_event_attributes.failure.message for e in failed]
