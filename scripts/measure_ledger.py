@@ -4,7 +4,7 @@ of its own (Temporal dev server + SeaweedFS, in a temporary folder) and an in-pr
 
     .venv/bin/python scripts/measure_ledger.py [--runs 50] [--objects 10000] [--window 30]
 
-Prints, after every 10 runs, the size of ``ledger.json`` and its entries, and the time per run; at the
+Prints, after the first run and every 10 runs, the size of ``ledger.json`` and its entries, and the time per run; at the
 end, whether every object version was processed exactly once (the ``succeeded`` entries of the runs'
 reports, as ``(key, ETag)``, against the versions uploaded). Exits 1 when one was missed or doubled.
 """
@@ -80,10 +80,10 @@ async def measure(stack: Stack, runs: int, objects: int, window: int) -> int:
             done.append(len(processed(s3, job_id)))
             for version in processed(s3, job_id):
                 versions[version] = versions.get(version, 0) + 1
-            if n % 10 == 0 or n == runs:
+            if n == 1 or n % 10 == 0 or n == runs:
                 ledger_body = s3.get_object(Bucket=OUT, Key="m/ledger/ledger.json")["Body"].read()
                 ledger = json.loads(ledger_body)
-                last = slice(-(n % 10 or 10), None)
+                last = slice(-(n % 10 or 10), None) if n > 1 else slice(0, 1)
                 print(f"| {n} | {len(ledger_body):,} | {len(ledger['near'])} | {len(ledger['retry'])} | "
                       f"{statistics.mean(times[last]):.2f} (first {times[0]:.1f}) | {sum(done[last])} |", flush=True)
     pool.shutdown()
