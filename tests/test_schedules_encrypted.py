@@ -36,6 +36,24 @@ async def _completed(client: Client, prefix: str) -> list[Any]:
     ]
 
 
+async def _listing_reads_the_job_with_the_key_only(name: str, job: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``s3batch schedule list`` with the key shows the job; without it, says so and shows no name."""
+    listed = await run("s3batch", "schedule", "list", "--json")
+    assert listed.code == 0, listed.stderr
+    [entry] = [s for s in json.loads(listed.stdout) if s["name"] == name]
+    assert entry["job"] == job and entry["paused"], entry
+    table = await run("s3batch", "schedule", "list")
+    assert f"{name}\tpaused\t" in table.stdout and job in table.stdout, table
+    key = os.environ[KEY_ENV]
+    monkeypatch.delenv(KEY_ENV)
+    unkeyed = await run("s3batch", "schedule", "list", "--json")
+    assert unkeyed.code == 0, unkeyed.stderr
+    [entry] = [s for s in json.loads(unkeyed.stdout) if s["name"] == name]
+    bucket = job.split("/")[2]
+    assert entry["job"].startswith("(cannot be decoded here") and bucket not in unkeyed.stdout, unkeyed
+    monkeypatch.setenv(KEY_ENV, key)
+
+
 async def test_scheduled_job_is_encrypted_in_the_schedule_and_its_runs(
     stack: Stack, s3: Any, buckets: tuple[str, str], task_queue: str, monkeypatch: pytest.MonkeyPatch
 ):
@@ -67,19 +85,8 @@ async def test_scheduled_job_is_encrypted_in_the_schedule_and_its_runs(
         for secret in secrets:
             assert secret.encode() not in raw, f"{secret!r} in the stored schedule"
 
-        # With the key, the listing reads the job; without it, it says so and shows no name.
-        listed = await run("s3batch", "schedule", "list", "--json")
-        assert listed.code == 0, listed.stderr
-        [entry] = [s for s in json.loads(listed.stdout) if s["name"] == name]
-        assert entry["job"] == f"s3://{src}/{prefix} -> s3://{out}/{output_prefix}" and entry["paused"], entry
-        table = await run("s3batch", "schedule", "list")
-        assert f"{name}\tpaused\t" in table.stdout and f"s3://{src}/{prefix}" in table.stdout, table
-        monkeypatch.delenv(KEY_ENV)
-        unkeyed = await run("s3batch", "schedule", "list", "--json")
-        assert unkeyed.code == 0, unkeyed.stderr
-        [entry] = [s for s in json.loads(unkeyed.stdout) if s["name"] == name]
-        assert entry["job"].startswith("(cannot be decoded here") and src not in unkeyed.stdout, unkeyed
-        monkeypatch.setenv(KEY_ENV, base64.b64encode(KEY).decode())
+        job_text = f"s3://{src}/{prefix} -> s3://{out}/{output_prefix}"
+        await _listing_reads_the_job_with_the_key_only(name, job_text, monkeypatch)
 
         # A run on an encrypting worker succeeds, and its history holds the job only encrypted.
         pool = ThreadPoolExecutor(4)
