@@ -12,14 +12,13 @@ import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from s3batch.activities.file_setup import FileMetrics, check_key_length, open_file_sink
+from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink
 from s3batch.activities.handling import HandlerRun
-from s3batch.activities.taking import take, take_packed
-from s3batch.activities.write_behind import WriteBehind
+from s3batch.activities.taking import Chunk, take, take_packed
 from temporalio import activity
 
 from s3batch import layout
-from s3batch.checkpoint import Checkpoint, FileOutput, HeartbeatDetails
+from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import WorkerShutdown
 from s3batch.formats import resolve_format
@@ -28,16 +27,18 @@ from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
-from s3batch.handlers import ChunkContext, get_handler, passthrough
+from s3batch.handlers import ChunkContext, get_handler
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
 from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
 
     from mypy_boto3_s3 import S3Client
 
+    from s3batch.formats import Parser
     from s3batch.sinks.postgres_pools import PostgresPools
 
 BEAT_INTERVAL = 1.0
@@ -113,13 +114,7 @@ class FileJob:
         self.output = open_file_sink(
             s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
         )
-        # The built-in passthrough into JSONL parts: the fast CSV path writes a run of rows' documents at once.
-        # Or, into a table in insert mode, keeps the rows as the file's own CSV for the database's CSV COPY.
-        passing = self.books.handler is passthrough
-        self._packed = passing and type(self.output) is FileOutput
-        self._as_csv = passing and getattr(self.output, "takes_csv", False)
-        # Parts on S3 are written one chunk behind the chunk loop; a table's transaction at once.
-        self.behind = WriteBehind(isinstance(self.output, FileOutput))
+        self._packed, self._as_csv, self.behind = chunk_paths(self.books.handler, self.output)
         self.dir = self.output.dir
         check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None
@@ -253,8 +248,6 @@ class FileJob:
     def _chunks_from(self, cp: Checkpoint) -> Checkpoint:
         self.source.version_id = cp.version_id
         req = self.req
-        sub_batch = min(req.chunk_records, _SUB_BATCH)
-        budget = self.settings.max_chunk_bytes
         self.probe.active = self.probe.active and cp.chunk == 0  # a resumed file's hint is in its checkpoint
         self._beat()
         with contextlib.ExitStack() as stack:
@@ -272,52 +265,62 @@ class FileJob:
                     self.books.context = ChunkContext(
                         req.job_id, req.bucket, self.obj.key, self.obj.etag, cp.chunk, self.info.attempt
                     )
-                    output: list[bytes] = []
-                    rejects: list[tuple[int, bytes]] = []
-                    lines: list[int] = []  # the source line of each output
-                    taken = buffered = joined = 0
+                    chunk: Chunk = ([], [], [])  # outputs, rejects, the source line of each output
                     csv_rows = self._csv_rows(packed)
-                    # A chunk ends after chunk_records records, or once its source bytes or its
-                    # buffered output reach the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its
-                    # checkpoint is exact either way, and memory stays about the budget.
-                    while taken < req.chunk_records and buffered < budget and parser.offset - chunk_start < budget:
-                        want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
-                        # A sub-batch reads at most 1/16 of the budget, so the output check between
-                        # two of them bounds what a handler's outputs can add.
-                        until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
-                        if packed is not None:  # taken as below, so the chunk ends where the exact path ends it
-                            chunk, source = (output, rejects, lines), (records, packed)
-                            got, size, more = take_packed(
-                                self.books, self.probe, source, lookahead, chunk, want, until, csv_rows
-                            )
-                            lookahead = []
-                            if not got:
-                                break
-                            taken += got
-                            buffered += size
-                            joined += more
-                            self._beat()
-                            continue
-                        batch = lookahead + (take(records, parser, want, until) if want > 0 else [])
-                        lookahead = []
-                        if not batch:
-                            break
-                        taken += len(batch)
-                        self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
-                        buffered += self.books.handle(batch, output, rejects, lines)
-                        self._beat()  # liveness; the SDK throttles what reaches the server
+                    taken, joined = self._fill(chunk, (records, parser, packed), lookahead, chunk_start, csv_rows)
                     end_offset = None if self.gz or self.fmt == "parquet" else parser.offset
                     end_line = parser.line
                     chunk_start = parser.offset
                     lookahead = list(islice(records, 1))
                     done = not lookahead
-                    written = len(output) + joined
-                    chunk = (output, rejects, lines)
+                    written = len(chunk[0]) + joined
                     cp = self._commit(cp, taken, chunk, written, end_offset, end_line, done, csv_rows)
                 if done:
                     self.behind.settle()
                     assert self.checkpoint is not None
                     return self.checkpoint
+
+    def _fill(
+        self,
+        chunk: Chunk,
+        source: tuple[Iterator[Record], Parser, FastCsvParser | None],
+        lookahead: list[Record],
+        chunk_start: int,
+        csv_rows: CsvRows | None,
+    ) -> tuple[int, int]:
+        """Read and handle one chunk's records into ``chunk`` (after ``lookahead``, the record read past
+        the last chunk); returns the records taken and the outputs kept beyond one per ``chunk[0]`` element.
+
+        A chunk ends after chunk_records records, or once its source bytes or its buffered output reach
+        the worker's byte budget (S3BATCH_MAX_CHUNK_BYTES): its checkpoint is exact either way, and
+        memory stays about the budget."""
+        records, parser, packed = source
+        req, budget = self.req, self.settings.max_chunk_bytes
+        sub_batch = min(req.chunk_records, _SUB_BATCH)
+        taken = buffered = joined = 0
+        while taken < req.chunk_records and buffered < budget and parser.offset - chunk_start < budget:
+            want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
+            # A sub-batch reads at most 1/16 of the budget, so the output check between two of them
+            # bounds what a handler's outputs can add.
+            until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
+            if packed is not None:  # taken as below, so the chunk ends where the exact path ends it
+                got, size, more = take_packed(
+                    self.books, self.probe, (records, packed), lookahead, chunk, want, until, csv_rows
+                )
+                joined += more
+            else:
+                batch = lookahead + (take(records, parser, want, until) if want > 0 else [])
+                got = len(batch)
+                if got:
+                    self.probe.see(getattr(parser, "header", None), (r.value for r in batch))
+                    size = self.books.handle(batch, *chunk)
+            lookahead = []
+            if not got:
+                break
+            taken += got
+            buffered += size
+            self._beat()  # liveness; the SDK throttles what reaches the server
+        return taken, joined
 
     def _csv_rows(self, parser: FastCsvParser | None) -> CsvRows | None:
         if not self._as_csv or parser is None or parser.header is None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from s3batch.activities.write_behind import WriteBehind
 from temporalio import activity
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint, FileOutput, fingerprint
 from s3batch.errors import OutputKeyTooLong
 from s3batch.formats.compression import MAX_RATIO
+from s3batch.handlers import passthrough
 from s3batch.s3io import sse_params
 from s3batch.sinks import Sink, open_sink
 
@@ -112,3 +114,14 @@ def check_key_length(req: ProcessFileInput, compression: Compression | None, whe
             f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
             "Nothing was written for this file."
         )
+
+
+def chunk_paths(handler: object, output: object) -> tuple[bool, bool, WriteBehind]:
+    """How a file's chunks are kept and written: the built-in ``passthrough`` into JSONL parts takes runs of
+    rows' documents at once from the fast CSV path (``packed``); into a table in insert mode it keeps them
+    as the file's own CSV for the database's CSV ``COPY`` (``as_csv``). Parts on S3 are written one chunk
+    behind the chunk loop; a table's transaction at once."""
+    passing = handler is passthrough
+    packed = passing and type(output) is FileOutput
+    as_csv = passing and bool(getattr(output, "takes_csv", False))
+    return packed, as_csv, WriteBehind(isinstance(output, FileOutput))

@@ -282,12 +282,41 @@ class FileOutput:
             cp = start
             if fresh or not any_object(self.s3, self.bucket, self.dir):
                 return cp  # a fresh file: nothing to probe (the common case, one request)
-        while not cp.done:
-            found = self.committed(cp.chunk)
+        return self._last_committed(cp)
+
+    def _last_committed(self, cp: Checkpoint) -> Checkpoint:
+        """The checkpoint of the last committed part from ``cp`` on (``cp`` itself when part ``cp.chunk``
+        is not committed), found with a HEAD of part ``n + 1``, ``n + 2``, ``n + 4``... then a binary
+        search between the last found and the first missing: about 2 log2(n) requests for n parts (a
+        file handed over after 2,000 parts, with no heartbeat, costs about 22, not 2,000).
+
+        Parts are committed in order, one write in flight at a time, so this version's parts are always
+        a prefix: a part missing, or another version's, ends it. (A part removed by hand in the middle
+        is found by the check of the whole folder once the file is done: ``stale``.)"""
+
+        def at(chunk: int) -> Checkpoint | None:
+            found = self.committed(chunk)
             if not isinstance(found, Checkpoint):
-                break
-            cp = found.model_copy(update={"version_id": cp.version_id or found.version_id})
-        return cp
+                return None
+            return found.model_copy(update={"version_id": cp.version_id or found.version_id})
+
+        good, best = cp.chunk - 1, cp  # part `good` is committed (or, at -1 / the heartbeat's, known)
+        step, missing = 1, None
+        while not best.done and missing is None:
+            found = at(good + step)
+            if found is None:
+                missing = good + step
+            else:
+                good, best = good + step, found
+                step *= 2
+        while missing is not None and missing - good > 1 and not best.done:
+            mid = (good + missing) // 2
+            found = at(mid)
+            if found is None:
+                missing = mid
+            else:
+                good, best = mid, found
+        return best
 
     def commit(
         self,

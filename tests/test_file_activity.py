@@ -988,3 +988,29 @@ def test_cancelled_file_returns_its_checkpoint_counts(s3: Any, buckets: tuple[st
     # chunk behind, is waited for and counted, so the counts are those of the parts there.
     assert (result.status, result.records, result.records_written, result.chunks) == ("cancelled", 40, 40, 4)
     assert output_keys(s3, out, obj.key) == [f"part-{i:05d}.jsonl" for i in range(4)]
+
+
+def test_resume_without_heartbeat_finds_the_last_part_in_a_few_requests(s3: Any, buckets: tuple[str, str]) -> None:
+    """A file handed over to the next run (or whose heartbeats were lost) finds its last committed part
+    with about 2 log2(n) HEADs before it writes again, not one per part: 151 parts, <= 20 requests. (The
+    check of the whole folder once the file is done still reads each earlier part once.)"""
+    src, out = buckets
+    data, rows = make_jsonl(2_000)
+    obj = upload(s3, src, "in/long.jsonl", data)
+    req = file_input(buckets, obj, chunk_records=10)
+    Attempt(s3, crash_at_chunk=151).crash(req)  # dies at the heartbeat of part 150, written: parts 0-150
+    calls: list[tuple[str, str]] = []
+
+    def count(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append((model.name, params.get("Key", "")))
+
+    s3.meta.events.register("provide-client-params.s3.*", count)
+    try:
+        result = Attempt(s3, attempt=2).run(req)  # no heartbeat details
+    finally:
+        s3.meta.events.unregister("provide-client-params.s3.*", count)
+    assert result.resumed_from_record == 1_510, result
+    first_put = next(i for i, (op, _) in enumerate(calls) if op == "PutObject")
+    probes = [key for op, key in calls[:first_put] if op == "HeadObject" and "/part-" in key]
+    assert 0 < len(probes) <= 20, probes
+    assert part_rows(s3, out, obj.key) == rows
