@@ -64,6 +64,7 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-m", "s3batch.health"]
 
 # Exec form: the worker is PID 1 and receives SIGTERM directly. It installs its own SIGTERM/SIGINT
-# handlers (the kernel ignores signals without a handler for PID 1) and starts no child processes,
-# so there is nothing for an init such as tini to forward or reap.
+# handlers (the kernel ignores signals without a handler for PID 1); with S3BATCH_WORKER_PROCESSES above
+# 1 (the default on a container of several cores) it supervises its worker processes, forwarding SIGTERM
+# and reaping them itself (docs/DEPLOY.md section 10), so no init such as tini is needed.
 ENTRYPOINT ["s3batch-worker"]

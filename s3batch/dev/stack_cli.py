@@ -90,7 +90,7 @@ def start_workers(config: StackConfig, state: Path, count: int) -> list[int]:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **config.env()},
+                env=_worker_env(config),
                 start_new_session=True,  # a Ctrl-C in the terminal that started it does not stop it
             )
         workers[f"worker-{n}"] = proc.pid
@@ -108,7 +108,13 @@ def _worker(root: Path, state: Path) -> None:
         sys.exit("no stack running: start it with `make stack-up` (or `s3batch-stack up`) first")
     config = _saved_config(root, state)
     print(f"worker on Temporal {config.temporal_address}, S3 {config.s3_endpoint} (Ctrl-C stops it)", flush=True)
-    os.execve(binary("s3batch-worker"), ["s3batch-worker"], {**os.environ, **config.env()})
+    os.execve(binary("s3batch-worker"), ["s3batch-worker"], _worker_env(config))
+
+
+def _worker_env(config: StackConfig) -> dict[str, str]:
+    """A dev worker's environment: the stack's, and one worker process (``--workers N`` means N processes;
+    set ``S3BATCH_WORKER_PROCESSES`` to run a supervisor of several, as a container does by default)."""
+    return {"S3BATCH_WORKER_PROCESSES": "1", **os.environ, **config.env()}
 
 
 def _up(root: Path, state: Path) -> None:
