@@ -39,6 +39,10 @@ async def _at_least(client: Client, prefix: str, count: int) -> dict[str, Workfl
     return found if len(found) >= count else {}
 
 
+async def _ids(client: Client, query: str, expected: set[str]) -> bool:
+    return {wf.id async for wf in client.list_workflows(query)} == expected
+
+
 def _outputs(s3: Any, out: str, workflow_id: str) -> list[str]:
     """The values a run wrote, under its own output prefix."""
     prefix = run_output_prefix("o/", workflow_id)
@@ -94,6 +98,9 @@ async def test_backfill_runs_each_tick_of_the_window_incrementally(
         # Every version of every object processed exactly once across the backfilled runs and the ticks.
         assert sorted(versions) == sorted([f"a{i}-1" for i in range(5)] + ["a2-2", "b0-1"]), versions
         assert sorted(_outputs(s3, out, ticked[0])) == ["a2-2", "b0-1"]
+        # Indexed by their source as any job (S3BatchSource, and the workflow's own S3BatchStatus).
+        query = f"S3BatchSource = '{src}/in/' AND S3BatchStatus = 'succeeded'"
+        await wait_for(lambda: _ids(client, query, set(done)), 30, "the runs indexed by source and status")
     finally:
         assert (await run("s3batch", "schedule", "delete", name)).code == 0
 

@@ -16,6 +16,7 @@ from temporalio.api.workflowservice.v1 import DescribeScheduleRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
+from s3batch import search_attributes as sa
 from s3batch.codec import KEY_ENV
 from s3batch.dev.stack import Stack
 from s3batch.incremental import run_output_prefix
@@ -98,6 +99,13 @@ async def test_scheduled_job_is_encrypted_in_the_schedule_and_its_runs(
         assert read_jsonl(s3, out, f"{run_output_prefix(output_prefix, done.id)}{prefix}secret-file-{tag}.jsonl/") == [
             {"v": 1}
         ]
+        # Indexed as a job started by s3batch start with the key (an HMAC of its source, never its name),
+        # and summarised in the Web UI by its source and output (decoded with the key).
+        described = await keyed.get_workflow_handle(done.id).describe()
+        assert await described.static_summary() == job_text, await described.static_summary()
+        attributes = described.typed_search_attributes
+        hashed = sa.source_value(src, prefix, [KEY])
+        assert attributes.get(sa.SOURCE) == hashed and hashed.startswith("hmac:"), attributes
         ledger = json.loads(s3.get_object(Bucket=out, Key=f"{output_prefix}ledger/ledger.json")["Body"].read())
         assert ledger["last_run"] == done.id and ledger["runs"][-1]["new"] == 1  # an incremental run
         history = await bare.get_workflow_handle(done.id).fetch_history()

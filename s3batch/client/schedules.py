@@ -70,7 +70,8 @@ async def create(
     paused: bool = False,
 ) -> ScheduleHandle:
     """Create the schedule ``s3batch-NAME`` that starts ``job`` (made incremental) every ``every`` or
-    on the ``cron`` expression."""
+    on the ``cron`` expression. Its runs carry the job's summary (source -> output, a payload: encrypted
+    with a key) as jobs started by ``s3batch start`` do; the workflow indexes them (``S3BatchSource``)."""
     spec = ScheduleSpec(
         intervals=[ScheduleIntervalSpec(every=every)] if every is not None else [],
         cron_expressions=[cron] if cron is not None else [],
@@ -80,6 +81,7 @@ async def create(
         args=[incremental(job).model_dump(mode="json", exclude_unset=True)],
         id=run_workflow_id(name),
         task_queue=task_queue or Settings().task_queue,
+        static_summary=f"s3://{job.bucket}/{job.prefix} -> s3://{job.output_bucket}/{job.output_prefix}",
     )
     schedule = Schedule(
         action=action,
