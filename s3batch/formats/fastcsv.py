@@ -233,7 +233,8 @@ class FastCsvParser:
         at = row - self._values_at
         if not 0 <= at < len(self._values):
             first = not self._values  # the first record of the block read alone (e.g. a chunk's lookahead)
-            self._values = block.table.slice(row, _WINDOW).to_pylist()
+            columns = [c.to_pylist() for c in block.table.slice(row, _WINDOW).columns]
+            self._values = list(map(dict, map(zip, itertools.repeat(self.header), zip(*columns, strict=True))))
             self._values_at, at = row, 0
         else:
             first = False
