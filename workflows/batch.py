@@ -201,6 +201,8 @@ class S3BatchWorkflow:
             return False
         if not self._books.may_hand_over() or not workflow.patched(HAND_OVER_STRAGGLERS):
             return False
+        if self._active >= self._limit() or len(self._books.in_flight) != self._active:
+            return False  # no slot idle, or small files in groups (done in seconds): nothing to gain
         if self._grace is None:
             self._grace = asyncio.create_task(self._grace_timer())
         return self._grace.done()
