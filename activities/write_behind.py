@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from s3batch.checkpoint import Checkpoint
+from s3batch.formats.readahead import uninterrupted
 
 
 class WriteBehind:
@@ -30,28 +31,43 @@ class WriteBehind:
         if self._pool is None:
             then(commit())
         else:
-            self._inflight = (self._pool.submit(commit), then)
+            with uninterrupted():  # submit() may start the pool's thread
+                self._inflight = (self._pool.submit(commit), then)
 
     def settle(self) -> None:
         """Wait for the write in flight (its error is raised here) and hand its checkpoint to ``then``."""
         if self._inflight is not None:
             future, then = self._inflight
-            self._inflight = None
-            then(future.result())
+            with uninterrupted():
+                done = future.result()
+            self._inflight = None  # only now: a cancellation raised before leaves it to close()
+            then(done)
 
     def close(self, error: BaseException | None) -> Checkpoint | None:
         """Wait for the write in flight. When the chunk loop is already raising ``error`` (a cancellation,
         a failure), a failed write is not raised over it, and a finished one is returned (committed: the
-        file's result counts it) without its heartbeat or checks."""
+        file's result counts it) without its heartbeat or checks; a cancellation raised meanwhile is
+        dropped too (the loop is stopping anyway)."""
         try:
             if error is None:
                 self.settle()
-            elif self._inflight is not None:
-                future, _ = self._inflight
-                self._inflight = None
-                with contextlib.suppress(Exception):
-                    return future.result()
-            return None
+                return None
+            if self._inflight is None:
+                return None
+            future, _ = self._inflight
+            self._inflight = None
+            with contextlib.suppress(BaseException), uninterrupted():
+                future.result()
+            return _committed(future)
         finally:
             if self._pool is not None:
-                self._pool.shutdown(wait=True)
+                quiet = contextlib.suppress(BaseException) if error is not None else contextlib.nullcontext()
+                with quiet, uninterrupted():
+                    self._pool.shutdown(wait=True)
+
+
+def _committed(future: Future[Checkpoint]) -> Checkpoint | None:
+    """The checkpoint a finished write committed (None: not finished, or failed)."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()

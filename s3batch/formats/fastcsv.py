@@ -234,7 +234,8 @@ class FastCsvParser:
         if not 0 <= at < len(self._values):
             first = not self._values  # the first record of the block read alone (e.g. a chunk's lookahead)
             columns = [c.to_pylist() for c in block.table.slice(row, _WINDOW).columns]
-            self._values = list(map(dict, map(zip, itertools.repeat(self.header), zip(*columns, strict=True))))
+            names = self.header or []
+            self._values = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
             self._values_at, at = row, 0
         else:
             first = False

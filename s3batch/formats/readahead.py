@@ -8,12 +8,29 @@ a corrupt compressed stream) is raised by the read that reaches it, as the strea
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+from collections.abc import Iterator
 from typing import IO
+
+from temporalio import activity
 
 _WAIT = 0.2
 """Seconds between two looks at whether to stop, while waiting (so a stop never hangs)."""
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """In a (threaded) activity, hold a cancellation back while threads are started, waited for or
+    stopped: the SDK delivers it as an exception raised at any bytecode of the activity's thread, and
+    one landing inside ``Thread.start`` or a ``Condition.wait`` can leave it waiting for ever. It is
+    raised at the end of the block instead."""
+    if activity.in_activity():
+        with activity.shield_thread_cancel_exception():
+            yield
+    else:
+        yield
 
 
 class ReadAhead:
@@ -30,7 +47,8 @@ class ReadAhead:
         self._buf = b""
         self._eof = False
         self._thread = threading.Thread(target=self._run, name="s3batch-read-ahead", daemon=True)
-        self._thread.start()
+        with uninterrupted():
+            self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -52,6 +70,10 @@ class ReadAhead:
 
     def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all that is left for ``n < 0``); fewer only at the end of the stream."""
+        with uninterrupted():
+            return self._read(n)
+
+    def _read(self, n: int) -> bytes:
         pieces = [self._buf]
         held = len(self._buf)
         while (n < 0 or held < n) and not self._eof:
@@ -77,4 +99,5 @@ class ReadAhead:
     def close(self) -> None:
         """Stop reading ahead (waits for a read in progress, a few ms from S3)."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        with uninterrupted():
+            self._thread.join(timeout=30)
