@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from s3batch.formats import Parser
     from s3batch.sinks.postgres_pools import PostgresPools
 
+FAST_MIN_BYTES = 64 * 1024
+"""Smaller files are read by the exact parser alone: the fast path's set-up (pyarrow's reader, a block's
+kernels) costs more than it saves on a few hundred rows."""
+
 BEAT_INTERVAL = 1.0
 """Seconds between two heartbeat calls of one file (see ``FileJob._beat``)."""
 
@@ -109,12 +113,12 @@ class FileJob:
             compression=self.compression,
             max_record_bytes=req.max_record_bytes,
             reading=self.reading,
-            fast=settings.csv_fast_path,
+            fast=settings.csv_fast_path and req.obj.size >= FAST_MIN_BYTES,
         )
         self.output = open_file_sink(
             s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
         )
-        self._packed, self._as_csv, self.behind = chunk_paths(self.books.handler, self.output)
+        self._packed, self._as_csv, self.behind = chunk_paths(self.books.handler, self.output, req.obj.size)
         self.dir = self.output.dir
         check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None

@@ -116,12 +116,17 @@ def check_key_length(req: ProcessFileInput, compression: Compression | None, whe
         )
 
 
-def chunk_paths(handler: object, output: object) -> tuple[bool, bool, WriteBehind]:
+BEHIND_MIN_BYTES = 4 * 1024 * 1024
+"""Smaller files are written at once: a thread for one or two parts costs more than the overlap saves."""
+
+
+def chunk_paths(handler: object, output: object, size: int) -> tuple[bool, bool, WriteBehind]:
     """How a file's chunks are kept and written: the built-in ``passthrough`` into JSONL parts takes runs of
     rows' documents at once from the fast CSV path (``packed``); into a table in insert mode it keeps them
-    as the file's own CSV for the database's CSV ``COPY`` (``as_csv``). Parts on S3 are written one chunk
-    behind the chunk loop; a table's transaction at once."""
+    as the file's own CSV for the database's CSV ``COPY`` (``as_csv``). Parts on S3 of a file of ``size``
+    bytes or more (``BEHIND_MIN_BYTES``) are written one chunk behind the chunk loop; a table's
+    transaction, and a small file's parts, at once."""
     passing = handler is passthrough
     packed = passing and type(output) is FileOutput
     as_csv = passing and bool(getattr(output, "takes_csv", False))
-    return packed, as_csv, WriteBehind(isinstance(output, FileOutput))
+    return packed, as_csv, WriteBehind(isinstance(output, FileOutput) and size >= BEHIND_MIN_BYTES)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from s3batch.activities import file_setup
 from s3batch.activities.s3_activities import S3Activities
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -29,6 +30,13 @@ from s3batch.messages import FileResult, ListObjectsInput, ObjectRef, ProcessFil
 from s3batch.s3io import make_client
 
 OUT_PREFIX = "out/"
+
+
+@pytest.fixture(autouse=True)
+def parts_written_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These files are small: write their parts one chunk behind anyway (as a big file's are), so the
+    crash, cancel and resume tests here cover activities/write_behind.py."""
+    monkeypatch.setattr(file_setup, "BEHIND_MIN_BYTES", 0)
 
 
 class Crash(Exception):

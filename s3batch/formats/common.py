@@ -105,3 +105,10 @@ class _Source:
                 self.offset += len(self.bom)
                 block = block[len(self.bom) :] or read(_BLOCK)
         return block
+
+
+def line_breaks(raw: bytes) -> int:
+    """The physical lines of ``raw`` (rows from a record's start): its CRs, LFs and CRLFs, and a last
+    line without one (at the end of the object)."""
+    ended = raw.endswith((b"\n", b"\r")) or not raw
+    return raw.count(b"\n") + raw.count(b"\r") - raw.count(b"\r\n") + (not ended)

@@ -24,6 +24,8 @@ import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type in
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.csv as pcsv  # type: ignore[import-untyped]
 
+from s3batch.formats.common import line_breaks
+
 _SHORT_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"))
 """What orjson writes for these characters (the backslash first); other control characters are
 written as ``\\u00XX``, which the block encoder leaves to orjson (see :func:`json_rows`)."""
@@ -200,13 +202,6 @@ class BlockReader:
         start, end = offsets[0], offsets[-1]
         blob = bytes(memoryview(buffers[2])[start:end]) if end > start else b""
         return blob, [o - start for o in offsets]
-
-
-def line_breaks(raw: bytes) -> int:
-    """The physical lines of ``raw`` (rows from a record's start): its CRs, LFs and CRLFs, and a last
-    line without one (at the end of the object)."""
-    ended = raw.endswith((b"\n", b"\r")) or not raw
-    return raw.count(b"\n") + raw.count(b"\r") - raw.count(b"\r\n") + (not ended)
 
 
 def _values(column: Any) -> bytes:

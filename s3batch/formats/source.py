@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
     from s3batch.messages import ProcessFileInput
 
+AHEAD_MIN_BYTES = 2 * 1024 * 1024
+"""Smaller files are not read ahead: their first read holds most of them."""
+
+
 def reading_of(req: ProcessFileInput, fmt: ParsedFormat, where: str) -> Reading:
     """How the file of ``req`` is read (the job's reading options; defaults but for CSV).
 
@@ -166,7 +170,7 @@ class SourceFile:
     def _ahead(self, stream: Any, reading: Reading, stack: contextlib.ExitStack) -> Any:
         """The stream read ahead in a thread of its own where the fast CSV path parses it (its native
         parsing and the next blocks' transfer, or decompression, then overlap)."""
-        if self.fmt != "csv" or not self.fast or not fast_reading(reading):
+        if self.fmt != "csv" or not self.fast or not fast_reading(reading) or self.size < AHEAD_MIN_BYTES:
             return stream
         ahead = ReadAhead(stream)
         stack.callback(ahead.close)
