@@ -420,10 +420,8 @@ def test_fast_csv_copy_leaves_the_rows_and_rejects_of_the_exact_path(
         read_fast = [int(n) for n in re.findall(r"\((\d+) records read by the fast path\)", caplog.text)]
         assert read_fast and (read_fast[0] > 10_000 if fast else read_fast[0] == 0), read_fast
         listed = s3.list_objects_v2(Bucket=out, Prefix=f"{name}/").get("Contents", [])
-        rejects = {  # the reasons name the table: each path has its own
-            o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=out, Key=o["Key"])["Body"].read().replace(name.encode(), b"T")
-            for o in listed
-        }
+        bodies = {o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=out, Key=o["Key"])["Body"].read() for o in listed}
+        rejects = {k: v.replace(name.encode(), b"T") for k, v in bodies.items()}  # the reasons name the table
         rows = pg.execute(f"SELECT id, email, name, amount::text FROM public.{name} ORDER BY id, email")
         tables[fast] = (result.model_dump(include={"records", "records_written", "rejected", "chunks"}), rejects, rows)
     assert tables[True] == tables[False]
