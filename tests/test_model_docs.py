@@ -30,7 +30,10 @@ def test_field_docstrings_are_descriptions() -> None:
     schema = S3BatchInput.model_json_schema()
     assert schema["properties"]["chunk_records"]["description"] == chunk.description
     slots = Settings.model_fields["max_concurrent_files"].description
-    assert slots == "Activity slots of this worker: files it processes at once."
+    assert slots == (
+        "Activity slots of this worker (the whole container): files it processes at once. With several\n"
+        "worker processes they are shared out between them."
+    )
 
 
 @pytest.mark.parametrize("model", documented_models(), ids=lambda m: m.__name__)

@@ -21,14 +21,12 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from s3batch.formats.common import Record, line_breaks
 from s3batch.formats.csv import DEFAULT_READING, CsvParser
+from s3batch.formats.csv_arrow import Block, BlockReader
 from s3batch.reading import Reading
-
-if TYPE_CHECKING:
-    from s3batch.formats.csv_arrow import Block, BlockReader
 
 BLOCK_BYTES = 1 << 20
 """Bytes parsed by pyarrow at once (a block ends after its last line break)."""
@@ -269,8 +267,6 @@ class FastCsvParser:
             if len(self.header) < 2:  # a one-column row may be written "" (not minimal quoting)
                 self._start_exact(_ALL)
                 return True
-            from s3batch.formats.csv_arrow import BlockReader  # pyarrow, loaded by the first file that needs it
-
             delimiter, quote = self._reading.delimiter, self._reading.quotechar
             self._blocks = BlockReader(self.header, delimiter, quote, self._max)
         self.buf = self.buf[self._pos - self.buf_start :]
