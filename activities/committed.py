@@ -3,9 +3,11 @@
 A file stopped by a cancel normally returns the counts of its last checkpoint itself
 (:func:`s3batch.activities.files.process_file`). When it could not (the cancel found it between two
 attempts, waiting for a retry, or its worker was gone), the workflow records it ``cancelled`` with
-zero counts. The report must still say what was committed, so :func:`fill_cancelled` reads the last
-contiguous part of each such file (one LIST and one HEAD) and takes that checkpoint's counts: a
-redrive resumes from exactly there.
+zero counts. The report must still say what was committed, so :func:`fill_cancelled` reads each such
+file's committed checkpoint and takes its counts (a redrive resumes from exactly there): for S3 parts,
+the checkpoint of the last contiguous part (one LIST and one HEAD a file); for a PostgreSQL table, the
+file's checkpoint row in the database, which the sink advances in the same transaction as the rows
+(one query for up to 1,000 files, through the worker's pools).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from s3batch import layout
 from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA, Checkpoint, checkpoint_mac_ok
 from s3batch.messages import FileResult, Totals
 from s3batch.s3io import raise_s3_error
+from s3batch.sinks.spec import PostgresSink, S3Sink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.sinks.postgres_pools import PostgresPools
 
 
 def last_committed(
@@ -60,16 +65,65 @@ def last_committed(
     return cp if cp.etag == etag and cp.chunk == n else None
 
 
+def table_committed(
+    spec: PostgresSink, pools: PostgresPools | None, bucket: str, files: list[FileResult]
+) -> dict[tuple[str, str], Checkpoint]:
+    """The checkpoints committed in the database of ``files`` (source ``bucket``, "" for a manifest job's)
+    written into the table of ``spec``, by (key, etag): those of the files' versions only. A key found in
+    several buckets of a manifest job with the same version is left out (which one is this job's is unknown)."""
+    from s3batch.sinks.postgres_pools import pools_or_default, stored_checkpoints
+
+    wanted = {(f.key, f.etag) for f in files}
+    found: dict[tuple[str, str], Checkpoint] = {}
+    seen: set[tuple[str, str]] = set()
+    keys = list(dict.fromkeys(f.key for f in files))
+    for key, raw in stored_checkpoints(pools_or_default(pools).pool(spec.connection), spec, bucket, keys):
+        try:
+            cp = Checkpoint.model_validate(raw) if raw is not None else None
+        except ValidationError:
+            cp = None
+        if cp is None or (key, cp.etag) not in wanted or not cp.chunk:
+            continue
+        if (key, cp.etag) in seen:
+            found.pop((key, cp.etag), None)
+            continue
+        seen.add((key, cp.etag))
+        found[(key, cp.etag)] = cp
+    return found
+
+
 def fill_cancelled(
-    s3: S3Client, bucket: str, output_prefix: str, files: list[FileResult], totals: Totals, secret: bytes | None
+    s3: S3Client,
+    bucket: str,
+    output_prefix: str,
+    files: list[FileResult],
+    totals: Totals,
+    secret: bytes | None,
+    *,
+    sink: S3Sink | PostgresSink | None = None,
+    pools: PostgresPools | None = None,
+    source_bucket: str = "",
 ) -> tuple[list[FileResult], Totals]:
     """``files`` and ``totals`` with each cancelled file that reported nothing (no chunk) given the
-    counts of its last committed checkpoint."""
+    counts of its last committed checkpoint: read from its parts in ``bucket`` under ``output_prefix``,
+    or, for a job whose ``sink`` is a PostgreSQL table, from the database through the worker's ``pools``
+    (``source_bucket``: the job's source bucket, "" for a manifest job)."""
     totals = totals.model_copy()
+    silent = [f for f in files if f.status == "cancelled" and f.chunks == 0 and f.records == 0]
+    if not silent:
+        return files, totals
+    if isinstance(sink, PostgresSink):
+        found = table_committed(sink, pools, source_bucket, silent)
+    else:
+        found = {}
+        for f in silent:
+            cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret)
+            if cp is not None:
+                found[(f.key, f.etag)] = cp
     filled: list[FileResult] = []
     for f in files:
         if f.status == "cancelled" and f.chunks == 0 and f.records == 0:
-            cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret)
+            cp = found.get((f.key, f.etag))
             if cp is not None:
                 f = f.model_copy(
                     update={

@@ -39,7 +39,7 @@ from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
-from s3batch.sinks.postgres_pools import PostgresPools, checkpoint_table, database_error
+from s3batch.sinks.postgres_pools import PostgresPools, checkpoint_table, database_error, stored_checkpoints, target_of
 from s3batch.sinks.rows import CsvRows, decoded, field_names
 from s3batch.sinks.spec import PostgresSink
 
@@ -69,7 +69,7 @@ class PostgresOutput:
         self.job_id = job_id
         self.bucket = bucket
         self.where = where
-        self.target = f"{spec.schema_name}.{spec.table_name}"
+        self.target = target_of(spec)
         self.pool = pools.pool(spec.connection)
         self._pools = pools
         self.columns = pools.columns(spec)
@@ -91,18 +91,10 @@ class PostgresOutput:
     def resume_point(self, heartbeat: Checkpoint | None, start: Checkpoint, *, fresh: bool) -> Checkpoint:
         """The file's checkpoint in the database when it is this version's, else ``start`` (the
         heartbeat is never ahead of it: it is sent after the commit)."""
-        try:
-            with self.pool.connection() as conn:
-                row = conn.execute(
-                    sql.SQL("SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s")
-                    .format(self._checkpoints),
-                    self._row_key,
-                ).fetchone()
-        except (psycopg.Error, PoolTimeout) as err:
-            raise database_error(err, "reading the checkpoint of", self.spec) from None
-        if row is None or row[0] is None:
+        rows = stored_checkpoints(self.pool, self.spec, self.bucket, [self.output.key])
+        if not rows or rows[0][1] is None:
             return start
-        cp = Checkpoint.model_validate(row[0])
+        cp = Checkpoint.model_validate(rows[0][1])
         return cp if self.is_ours(cp) else start
 
     # ---------------------------------------------------------------- commit

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
 from psycopg.adapt import Dumper
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from s3batch.errors import SinkError, SinkInvalid
@@ -132,19 +134,57 @@ def pools_or_default(pools: PostgresPools | None) -> PostgresPools:
     return pools
 
 
-def database_error(err: BaseException, doing: str, spec: PostgresSink) -> SinkError:
+def database_error(
+    err: BaseException,
+    doing: str,
+    spec: PostgresSink,
+    outcome: str = "the chunk was not committed and is retried from the database's checkpoint",
+) -> SinkError:
     """A database failure as a retryable ``SinkError`` (SQLSTATE and class, never the server's text,
-    which may quote values)."""
+    which may quote values); ``outcome``: what happens next."""
     state = getattr(getattr(err, "diag", None), "sqlstate", None)
     code = f", SQLSTATE {state}" if state else ""
     return SinkError(
         f"PostgreSQL connection {spec.connection!r} failed while {doing} table {spec.table} "
-        f"({type(err).__name__}{code}); the chunk was not committed and is retried from the database's checkpoint"
+        f"({type(err).__name__}{code}); {outcome}"
     )
 
 
 def checkpoint_table(spec: PostgresSink) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(CHECKPOINT_TABLE))
+
+
+def target_of(spec: PostgresSink) -> str:
+    """The ``target`` of the sink's checkpoint rows: ``schema.table``."""
+    return f"{spec.schema_name}.{spec.table_name}"
+
+
+def stored_checkpoints(
+    pool: ConnectionPool[Any], spec: PostgresSink, bucket: str, keys: Sequence[str]
+) -> list[tuple[str, Any]]:
+    """The checkpoint rows of the files ``keys`` of ``bucket`` written into the sink's table: ``(source_key,
+    checkpoint)`` (the checkpoint as stored, JSON; a row created but never advanced holds None). ``bucket``
+    "" (a manifest job's files carry no bucket in the report): the rows of those keys in any bucket.
+
+    Raises:
+        SinkError: The database cannot be reached.
+    """
+    found: list[tuple[str, Any]] = []
+    # The keys as one JSON array: the pool's connections dump a list as JSON text (``_configure``).
+    where = "target = %s AND source_key IN (SELECT jsonb_array_elements_text(%s))" + (
+        " AND source_bucket = %s" if bucket else ""
+    )
+    query = sql.SQL("SELECT source_key, checkpoint FROM {} WHERE " + where)
+    try:
+        with pool.connection() as conn:
+            for start in range(0, len(keys), 1_000):
+                args = (target_of(spec), Jsonb(list(keys[start : start + 1_000])), *([bucket] if bucket else []))
+                found += conn.execute(query.format(checkpoint_table(spec)), args).fetchall()
+    except psycopg.errors.UndefinedTable:
+        return []  # no file of this schema was ever opened: nothing committed
+    except (psycopg.Error, PoolTimeout) as err:
+        raise database_error(err, "reading the checkpoints of", spec, "retried (nothing was written)") from None
+    return found
 
 
 def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str]:
