@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink
 from s3batch.activities.handling import HandlerRun
+from s3batch.activities.splits import open_split
 from s3batch.activities.taking import Chunk, take, take_packed
+from s3batch.activities.verify import verify_output
 from temporalio import activity
 
-from s3batch import layout
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import WorkerShutdown
@@ -30,7 +31,7 @@ from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
-from s3batch.s3io import check_allowed, check_ceilings, delete_keys, head_pinned, list_folder
+from s3batch.s3io import check_allowed, check_ceilings, head_pinned
 from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ kernels) costs more than it saves on a few hundred rows."""
 
 BEAT_INTERVAL = 1.0
 """Seconds between two heartbeat calls of one file (see ``FileJob._beat``)."""
+
+_NO_END = 1 << 62  # the end offset of a file that is not split (past any object)
 
 # Records handed to the handler at once. Between two of these the activity heartbeats (liveness)
 # and checks for cancellation, so a big chunk is never mistaken for a dead worker.
@@ -91,7 +94,7 @@ class FileJob:
         self._last_commit = time.monotonic()
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
-        self.log_extra = {"s3_key": req.obj.key}
+        self.log_extra: dict[str, Any] = {"s3_key": req.obj.key}
         self.info = activity.info()
         self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
         # Only a registered handler's name becomes a metrics label.
@@ -120,6 +123,7 @@ class FileJob:
         )
         self._packed, self._as_csv, self.behind = chunk_paths(self.books.handler, self.output, req.obj.size)
         self.dir = self.output.dir
+        self.split = open_split(self) if req.split is not None else None  # a byte range of the file, or None
         check_key_length(req, self.compression, self.where)
         self.checkpoint: Checkpoint | None = None
         """The last checkpoint this attempt committed or found committed."""
@@ -141,13 +145,19 @@ class FileJob:
         return cp if self.output.is_ours(cp) else None
 
     def _resume_point(self) -> Checkpoint:
+        hint = self._heartbeat_checkpoint()
+        offset: int | None = None if self.gz or self.fmt == "parquet" else 0
+        line = 1
+        if self.split is not None and hint is None:
+            offset, line = self.split.start()
         start = Checkpoint(
             etag=self.obj.etag,
             version_id=self.obj.version_id,
             fingerprint=self.output.fingerprint,
-            byte_offset=None if self.gz or self.fmt == "parquet" else 0,
+            byte_offset=offset,
+            line=line,
         )
-        return self.output.resume_point(self._heartbeat_checkpoint(), start, fresh=self._fresh)
+        return self.output.resume_point(hint, start, fresh=self._fresh)
 
     def run(self) -> FileResult:
         cp = self._resume_point()
@@ -159,7 +169,7 @@ class FileJob:
                 "resuming %s at record %d (chunk %d)", self.where, cp.next_record, cp.chunk, extra=self.log_extra
             )
         if cp.done:
-            self._confirm_source()  # found complete: still one request pinned to the listed version
+            self.confirm_source()  # found complete: still one request pinned to the listed version
             self._check_rejects(cp)  # e.g. a redrive with the same limits
         else:
             cp = self._process_from(cp)
@@ -179,11 +189,12 @@ class FileJob:
     def result(self, cp: Checkpoint) -> FileResult:
         """The result of the file, complete at ``cp``."""
         warnings = warnings_of(cp.rejected, cp.next_record, cp.reject_reasons, cp.delimiter_hint)
+        split = self.req.split
         return FileResult(
             key=self.obj.key,
             etag=self.obj.etag,
             status="succeeded",
-            bytes_read=self.obj.size,
+            bytes_read=self.obj.size if split is None else split.end - split.start,
             attempts=self.info.attempt,
             resumed_from_record=self.resumed_from,
             warnings=warnings or None,
@@ -198,7 +209,7 @@ class FileJob:
             output = f"s3://{self.req.output_bucket}/{self.dir}"
             raise too_many(self.where, limit, file_counts(cp), cp.reject_reasons, output)
 
-    def _confirm_source(self) -> None:
+    def confirm_source(self) -> None:
         """Make sure the source still is the listed version (one pinned HEAD, unless a pinned read
         already succeeded). Raises ``NotFound`` / ``SourceChanged``."""
         raw = self.source.raw
@@ -209,33 +220,8 @@ class FileJob:
         self._source_checked = True
 
     def verify(self, result: FileResult, listed: dict[str, str] | None = None) -> FileResult:
-        """Check that the file's output folder holds exactly its parts ``0..n-1`` and the rejects of
-        the chunks that had rejects, all of this source version and these options; remove anything
-        else (left by another version or options, or by an interrupted cleanup).
-
-        ``listed`` is the folder's listing (name -> ETag) from the group's LIST; without it, or when
-        something seems missing from it, the folder is listed on its own. A missing or foreign part
-        or rejects object is an ``AccountingError`` (see ``FileOutput.stale``).
-        """
-        cp = self.checkpoint
-        if result.status != "succeeded" or cp is None:
-            return result
-        if listed is not None and not all(layout.part_name(c) in listed for c in range(cp.chunk)):
-            listed = None  # the group's LIST did not cover this folder (another key order)
-        if listed is None:
-            listed = list_folder(self.s3, self.req.output_bucket, self.dir)
-        stale = self.output.stale(cp, listed, self.where)
-        if stale:
-            self._confirm_source()
-            delete_keys(self.s3, self.req.output_bucket, [self.dir + name for name in stale])
-            activity.logger.info(
-                "removed %d output objects of %s that were not of this version (e.g. %s)",
-                len(stale),
-                self.where,
-                stale[0],
-                extra=self.log_extra,
-            )
-        return result
+        """Check the file's output folder once it is done (:func:`~s3batch.activities.verify.verify_output`)."""
+        return verify_output(self, result, listed)
 
     # ---------------------------------------------------------------- the chunk loop
 
@@ -253,6 +239,7 @@ class FileJob:
         self.source.version_id = cp.version_id
         req = self.req
         self.probe.active = self.probe.active and cp.chunk == 0  # a resumed file's hint is in its checkpoint
+        end = self.split.find_end(cp.version_id) if self.split is not None else _NO_END
         self._beat()
         with contextlib.ExitStack() as stack:
             stack.push(self._close_behind)
@@ -267,7 +254,13 @@ class FileJob:
                 # its part's write (one chunk behind, WriteBehind) is waited for before the file stops.
                 with activity.shield_thread_cancel_exception():
                     self.books.context = ChunkContext(
-                        req.job_id, req.bucket, self.obj.key, self.obj.etag, cp.chunk, self.info.attempt
+                        req.job_id,
+                        req.bucket,
+                        self.obj.key,
+                        self.obj.etag,
+                        cp.chunk,
+                        self.info.attempt,
+                        None if self.split is None else self.split.index,
                     )
                     chunk: Chunk = ([], [], [])  # outputs, rejects, the source line of each output
                     csv_rows = self._csv_rows(packed)
@@ -275,8 +268,12 @@ class FileJob:
                     end_offset = None if self.gz or self.fmt == "parquet" else parser.offset
                     end_line = parser.line
                     chunk_start = parser.offset
-                    lookahead = list(islice(records, 1))
-                    done = not lookahead
+                    if parser.offset >= end and self.split is not None:
+                        self.split.check_end(parser.offset)
+                        lookahead, done = [], True
+                    else:
+                        lookahead = list(islice(records, 1))
+                        done = not lookahead
                     written = len(chunk[0]) + joined
                     cp = self._commit(cp, taken, chunk, written, end_offset, end_line, done, csv_rows)
                 if done:
@@ -302,11 +299,13 @@ class FileJob:
         req, budget = self.req, self.settings.max_chunk_bytes
         sub_batch = min(req.chunk_records, _SUB_BATCH)
         taken = buffered = joined = 0
+        end = _NO_END if self.split is None or self.split.end is None else self.split.end  # a split ends there
         while taken < req.chunk_records and buffered < budget and parser.offset - chunk_start < budget:
-            want = min(sub_batch, req.chunk_records - taken) - len(lookahead)
+            # Past a split's end, only the record read ahead (it began before the end) is left to take.
+            want = min(sub_batch, req.chunk_records - taken) - len(lookahead) if parser.offset < end else 0
             # A sub-batch reads at most 1/16 of the budget, so the output check between two of them
             # bounds what a handler's outputs can add.
-            until = min(chunk_start + budget, parser.offset + max(budget // 16, 1))
+            until = min(chunk_start + budget, parser.offset + max(budget // 16, 1), end)
             if packed is not None:  # taken as below, so the chunk ends where the exact path ends it
                 got, size, more = take_packed(
                     self.books, self.probe, (records, packed), lookahead, chunk, want, until, csv_rows

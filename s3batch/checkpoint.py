@@ -210,15 +210,30 @@ class FileOutput:
         """The folder (ends with ``/``)."""
         self.known: dict[str, tuple[str, Checkpoint]] = {}
         """Output objects known to be ours: name -> (ETag, the checkpoint stored on it)."""
+        self.split: int | None = None
+        """The byte-range split of the file this output is for (:meth:`for_split`); None: the whole file."""
+        self.splits = 1
+        """How many splits the file has (1: not split)."""
+
+    def for_split(self, index: int, count: int, start: int, end: int) -> None:
+        """Make this the output of split ``index`` of ``count`` (nominal bytes ``start``-``end``): its parts
+        have names of their own in the file's folder (``layout.part_name``), and a fingerprint of their own,
+        so parts of another way of splitting the file are never taken for this split's."""
+        self.split, self.splits = index, count
+        shape = json.dumps({"of": self.fingerprint, "split": [index, count, start, end]}, sort_keys=True)
+        self.fingerprint = hashlib.sha256(shape.encode()).hexdigest()[:16]
 
     part_suffix = layout.JSONL
     """Suffix of the part objects (``part-00000.jsonl``)."""
     part_content_type = "application/x-ndjson"
 
     def _key(self, chunk: int, kind: OutputKind) -> str:
+        return self.dir + self._name(chunk, kind)
+
+    def _name(self, chunk: int, kind: OutputKind) -> str:
         if kind == "part":
-            return layout.part_key(self.output_prefix, self.key, chunk, self.part_suffix)
-        return layout.rejects_key(self.output_prefix, self.key, chunk)
+            return layout.part_name(chunk, self.part_suffix, self.split)
+        return layout.rejects_name(chunk, self.split)
 
     def is_ours(self, cp: Checkpoint) -> bool:
         """Whether ``cp`` was written for this source version and these options."""
@@ -390,14 +405,14 @@ class FileOutput:
         previous_rejected = 0
         problems: list[str] = []
         for chunk in range(n):
-            name = layout.part_name(chunk, self.part_suffix)
+            name = self._name(chunk, "part")
             expected.add(name)
             part_cp = self.ours(name, chunk, "part", listed.get(name))
             if part_cp is None:
                 problems.append(f"{name} is {'missing' if name not in listed else 'not of this version'}")
                 continue
             if part_cp.rejected > previous_rejected:
-                rejects = layout.rejects_name(chunk)
+                rejects = self._name(chunk, "rejects")
                 expected.add(rejects)
                 if self.ours(rejects, chunk, "rejects", listed.get(rejects)) is None:
                     problems.append(f"{rejects} is {'missing' if rejects not in listed else 'not of this version'}")
@@ -405,8 +420,26 @@ class FileOutput:
         if problems:
             raise AccountingError(
                 f"accounting error in the output of {where} under s3://{self.bucket}/{self.dir}: "
-                f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version). The output was changed "
-                "while the file was processed, or this is a bug in s3batch; process the file again "
+                f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version{self._of_split()}). The output "
+                "was changed while the file was processed, or this is a bug in s3batch; process the file again "
                 "(a redrive) and report it if it repeats."
             )
-        return sorted(name for name in listed if layout.output_index(name) is not None and name not in expected)
+        return sorted(name for name in listed if self._removable(name) and name not in expected)
+
+    def _of_split(self) -> str:
+        return "" if self.split is None else f", split {self.split} of {self.splits}"
+
+    def _removable(self, name: str) -> bool:
+        """Whether output object ``name`` in the folder is this output's to remove when it is not expected.
+
+        A whole file's output removes every other output object (also the parts of splits, left by a job that
+        split the file); a split removes its own only, and split 0 also those of the whole file and of splits
+        past the last (left by a job that did not split the file, or split it in more pieces). The other splits'
+        parts are theirs."""
+        found = layout.output_of(name)
+        if found is None:
+            return False
+        split = found[1]
+        if self.split is None or split == self.split:
+            return True
+        return self.split == 0 and (split is None or split >= self.splits)

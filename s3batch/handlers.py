@@ -118,6 +118,8 @@ class ChunkContext(NamedTuple):
     """Index of the chunk in the file (the same chunk boundaries on every attempt)."""
     attempt: int
     """The activity attempt handling it (1 on the first); a chunk seen again has a higher one."""
+    split: int | None = None
+    """The byte-range split of a big file the chunk belongs to (``chunk`` counts within it); None: a whole file."""
 
     def _digest(self, *parts: object) -> str:
         where = ("s3batch-idempotency-v1", self.job_id, self.bucket, self.key, self.etag)
@@ -131,7 +133,9 @@ class ChunkContext(NamedTuple):
     @property
     def chunk_key(self) -> str:
         """The idempotency key of the whole chunk (one call for the chunk): 32 hex digits."""
-        return self._digest("chunk", self.chunk)
+        if self.split is None:
+            return self._digest("chunk", self.chunk)
+        return self._digest("split", self.split, "chunk", self.chunk)
 
 
 _CONTEXT: contextvars.ContextVar[ChunkContext | None] = contextvars.ContextVar("s3batch_chunk_context", default=None)

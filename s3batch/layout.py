@@ -1,7 +1,9 @@
 """Where s3batch writes: the output layout, in one place.
 
 For a source key ``K``: records at ``{output_prefix}{encode_key(K)}/part-{chunk:05d}.jsonl``, rejects
-at ``{output_prefix}{encode_key(K)}/rejects-{chunk:05d}.jsonl``; the job report at
+at ``{output_prefix}{encode_key(K)}/rejects-{chunk:05d}.jsonl``; a big file processed as byte-range splits
+(``S3BatchInput.split_bytes``) has ``part-{split:03d}-{chunk:05d}.jsonl`` and ``rejects-{split:03d}-{chunk:05d}.jsonl``
+instead, so that the names, sorted, are in the file's order either way; the job report at
 ``{output_prefix}_report.json``; the job's own state (report segments, the write check) under
 ``{output_prefix}_s3batch/``. Every output key starts with ``output_prefix``.
 
@@ -27,13 +29,15 @@ from urllib.parse import unquote
 MAX_KEY_BYTES = 1024
 """S3's limit on the length of a key (UTF-8 bytes)."""
 
-_OUTPUT_RE = re.compile(r"(part|rejects)-(\d{5,})\.(?:jsonl|parquet)")
-_PART_NAME = "part-{:05d}{}"
+_OUTPUT_RE = re.compile(r"(part|rejects)-(?:(\d{3})-)?(\d{5,})\.(?:jsonl|parquet)")
+_PART_NAME = "part-{}{:05d}{}"
 JSONL = ".jsonl"
 """Suffix of JSONL parts (the default sink) and of every rejects file."""
 PARQUET = ".parquet"
 """Suffix of Parquet parts (``{"type": "s3", "format": "parquet"}``)."""
-_REJECTS_NAME = "rejects-{:05d}.jsonl"
+_REJECTS_NAME = "rejects-{}{:05d}.jsonl"
+MAX_SPLITS = 100
+"""The most byte-range splits of one file (their index has 3 digits in output names)."""
 
 # What encode_key changes: control characters, a "%" that reads as an escape, and (checked per
 # segment) "/" that would leave an empty segment and "." / ".." segments.
@@ -72,12 +76,17 @@ def file_dir(output_prefix: str, key: str) -> str:
     return f"{output_prefix}{encode_key(key)}/"
 
 
-def part_name(chunk: int, suffix: str = JSONL) -> str:
-    return _PART_NAME.format(chunk, suffix)
+def _split_infix(split: int | None) -> str:
+    return "" if split is None else f"{split:03d}-"
 
 
-def rejects_name(chunk: int) -> str:
-    return _REJECTS_NAME.format(chunk)
+def part_name(chunk: int, suffix: str = JSONL, split: int | None = None) -> str:
+    """The name of a part in its file's folder (``split``: the byte-range split writing it, if any)."""
+    return _PART_NAME.format(_split_infix(split), chunk, suffix)
+
+
+def rejects_name(chunk: int, split: int | None = None) -> str:
+    return _REJECTS_NAME.format(_split_infix(split), chunk)
 
 
 def part_key(output_prefix: str, key: str, chunk: int, suffix: str = JSONL) -> str:
@@ -142,12 +151,22 @@ def keys_listed_by(prefix: str, output_prefix: str) -> list[str]:
 
 
 def output_index(name: str) -> int | None:
-    """Chunk index of a part or rejects object name, or None for anything else."""
-    match = _OUTPUT_RE.fullmatch(name)
-    return int(match.group(2)) if match else None
+    """Chunk index of a part or rejects object name of a whole file (not a split), or None for anything else."""
+    kind = output_kind(name)
+    return kind[1] if kind is not None else None
 
 
 def output_kind(name: str) -> tuple[str, int] | None:
-    """``("part" | "rejects", chunk)`` of an output object name in a file's folder, or None."""
+    """``("part" | "rejects", chunk)`` of an output object name of a whole file (not a split) in its
+    folder, or None."""
+    found = output_of(name)
+    return (found[0], found[2]) if found is not None and found[1] is None else None
+
+
+def output_of(name: str) -> tuple[str, int | None, int] | None:
+    """``("part" | "rejects", split or None, chunk)`` of any output object name in a file's folder, or None."""
     match = _OUTPUT_RE.fullmatch(name)
-    return (match.group(1), int(match.group(2))) if match else None
+    if match is None:
+        return None
+    split = match.group(2)
+    return match.group(1), None if split is None else int(split), int(match.group(3))

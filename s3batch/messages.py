@@ -155,6 +155,16 @@ class ListObjectsResult(_Model):
     """None once the listing is complete."""
 
 
+class SplitRange(_Model):
+    """One byte-range split of a big file (``S3BatchInput.split_bytes``): the records that start in the
+    nominal range ``[start, end)``, moved to record boundaries by the activity (``s3batch.activities.splits``)."""
+
+    index: int
+    count: int
+    start: int
+    end: int
+
+
 class ProcessFileInput(_Model):
     """Input of the per-file activity."""
 
@@ -177,13 +187,15 @@ class ProcessFileInput(_Model):
     header: HeaderOption | None = None
     encoding: str | None = None
     """The job's reading options (``s3batch.reading``); None (left out of the payload): the default."""
+    split: SplitRange | None = None
+    """The part of the file this activity processes; None (left out of the payload): the whole file."""
 
     @model_serializer(mode="wrap")
     def _omit_default_sink(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _SINK)
 
 
-_SINK = READ_OPTIONS | {"sink"}
+_SINK = READ_OPTIONS | {"sink", "split"}
 
 
 class ProcessGroupInput(_Model):
@@ -208,7 +220,7 @@ class ReasonCount(_Model):
     count: int
 
 
-_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings"})
+_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings", "splits"})
 
 
 class FileResult(_Model):
@@ -235,6 +247,8 @@ class FileResult(_Model):
     """The most common reasons of its rejects, with their counts (at most 5; see ``s3batch.rejects``)."""
     warnings: list[str] | None = None
     """What a person should look at (a high reject ratio, a CSV that looks like another delimiter)."""
+    splits: int | None = None
+    """How many byte-range splits the file was processed in (None: one, the whole file)."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:

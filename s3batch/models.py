@@ -153,6 +153,12 @@ class S3BatchInput(BaseModel):
     files in flight stop at a chunk boundary and the report is written (None: no limit)."""
     max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
     """A longer line becomes a reject instead of being read into memory."""
+    split_bytes: int | None = Field(1024 * 1024 * 1024, ge=64 * 1024)
+    """An uncompressed CSV or JSON Lines file larger than this (written to S3 parts) is processed as
+    byte-range splits of about this size, each its own resumable activity, at most one per free slot of
+    ``max_concurrent_files`` and at most 100 (None: never split). A CSV file whose quoted field holds a
+    line break where a split begins fails (``SplitBoundary``) rather than be read wrong: process such a
+    file with ``split_bytes`` null."""
     group_max_files: int = Field(100, ge=1, le=1_000)
     """Small objects are processed several per activity, up to this many (1 disables grouping)."""
     group_max_bytes: int = Field(4 * 1024 * 1024, ge=0)

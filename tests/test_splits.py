@@ -1,0 +1,244 @@
+"""Byte-range splits of one big file (``S3BatchInput.split_bytes``, ``s3batch.activities.splits``), one
+activity per split, run through ``ActivityEnvironment`` against the real SeaweedFS S3 server.
+
+The oracle is the file read whole: the splits of a file, each run on its own, must give the same records
+(the parts' bytes, concatenated in name order), the same rejects with the same line numbers, and counts
+that add up to the whole file's, wherever the nominal cuts fall (blank lines, CRLF, long lines, rejects
+around them). A crash of a split resumes from its own checkpoint; a quoted CSV line break at a boundary
+fails the file loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from s3batch.activities import file_setup
+from s3batch.activities.s3_activities import S3Activities
+from s3batch.activities.splits import SplitSource
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from s3batch import layout
+from s3batch.checkpoint import Checkpoint
+from s3batch.handlers import ChunkContext
+from s3batch.messages import FileResult, ObjectRef, ProcessFileInput, SplitRange
+from tests.helpers.data import messy_csv
+
+
+class Crash(Exception):
+    """Stands for the worker dying right after a heartbeat."""
+
+
+@pytest.fixture(autouse=True)
+def parts_written_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small files here: write their parts one chunk behind anyway, as a big file's are."""
+    monkeypatch.setattr(file_setup, "BEHIND_MIN_BYTES", 0)
+
+
+def upload(s3: Any, bucket: str, key: str, body: bytes) -> ObjectRef:
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    head = s3.head_object(Bucket=bucket, Key=key)
+    return ObjectRef(key=key, etag=head["ETag"].strip('"'), size=len(body))
+
+
+def request(buckets: tuple[str, str], obj: ObjectRef, prefix: str, **kw: Any) -> ProcessFileInput:
+    src, out = buckets
+    fields: dict[str, Any] = {
+        "job_id": "job-splits",
+        "bucket": src,
+        "obj": obj,
+        "output_bucket": out,
+        "output_prefix": prefix,
+        "format": "auto",
+        "handler": "passthrough",
+        "chunk_records": 7,
+        "max_record_bytes": 1024,
+    }
+    fields.update(kw)
+    return ProcessFileInput(**fields)
+
+
+def run(s3: Any, req: ProcessFileInput, *, details: Sequence[Any] = (), crash_at: int | None = None) -> FileResult:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=2 if details or crash_at is None else 1,
+                                   heartbeat_details=list(details))
+    beats: list[Any] = []
+
+    def on_heartbeat(*d: Any) -> None:
+        cp = json.loads(d[0].model_dump_json())
+        beats.append(cp)
+        if crash_at is not None and cp["chunk"] == crash_at:
+            raise Crash(f"killed after chunk {crash_at}")
+
+    env.on_heartbeat = on_heartbeat
+    result = env.run(S3Activities(s3).process_file, req)
+    run.beats = beats  # type: ignore[attr-defined]
+    return result
+
+
+def nominal(size: int, count: int) -> list[SplitRange]:
+    cuts = [size * i // count for i in range(count + 1)]
+    return [SplitRange(index=i, count=count, start=cuts[i], end=cuts[i + 1]) for i in range(count)]
+
+
+def outputs(s3: Any, out: str, prefix: str, key: str) -> tuple[bytes, bytes, list[str]]:
+    """The parts' bytes and the rejects' bytes, each concatenated in name order, and the names."""
+    folder = layout.file_dir(prefix, key)
+    listed = s3.list_objects_v2(Bucket=out, Prefix=folder).get("Contents", [])
+    names = sorted(o["Key"][len(folder) :] for o in listed)
+    parts = b"".join(s3.get_object(Bucket=out, Key=folder + n)["Body"].read() for n in names if n.startswith("part-"))
+    rejects = b"".join(
+        s3.get_object(Bucket=out, Key=folder + n)["Body"].read() for n in names if n.startswith("rejects-")
+    )
+    return parts, rejects, names
+
+
+COUNTS = ("records", "records_written", "rejected", "dropped", "bytes_read")
+
+
+def assert_same_as_whole(s3: Any, buckets: tuple[str, str], obj: ObjectRef, count: int, **kw: Any) -> list[str]:
+    """Run ``obj`` whole and as ``count`` splits; their outputs and counts must be the same."""
+    out = buckets[1]
+    whole = run(s3, request(buckets, obj, "whole/", **kw))
+    results = [run(s3, request(buckets, obj, "split/", split=r, **kw)) for r in nominal(obj.size, count)]
+    assert all(r.status == "succeeded" for r in results)
+    for field in COUNTS:
+        assert sum(getattr(r, field) for r in results) == getattr(whole, field), field
+    w_parts, w_rejects, _ = outputs(s3, out, "whole/", obj.key)
+    s_parts, s_rejects, names = outputs(s3, out, "split/", obj.key)
+    assert s_parts == w_parts
+    assert s_rejects == w_rejects
+    return names
+
+
+@pytest.mark.parametrize("count", [2, 3, 7])
+def test_jsonl_splits_read_each_record_once(s3: Any, buckets: tuple[str, str], count: int) -> None:
+    lines = []
+    for i in range(300):
+        lines.append(json.dumps({"n": i, "s": "é" * (i % 13)}).encode())
+        if i % 17 == 0:
+            lines.append(b"")  # blank lines: skipped, and never a split's last line
+        if i % 29 == 0:
+            lines.append(b"{not json")  # a reject, with its line number
+        if i % 41 == 0:
+            lines.append(b"   \t")
+    obj = upload(s3, buckets[0], "big/data.jsonl", b"\n".join(lines) + b"\n")
+    names = assert_same_as_whole(s3, buckets, obj, count)
+    assert {n.split("-")[1] for n in names if n.startswith("part-")} == {f"{i:03d}" for i in range(count)}
+
+
+@pytest.mark.parametrize("count", [2, 5])
+def test_csv_splits_read_each_record_once(s3: Any, buckets: tuple[str, str], count: int) -> None:
+    data = messy_csv(400, bad_amounts=True)
+    obj = upload(s3, buckets[0], "big/data.csv", data)
+    assert_same_as_whole(s3, buckets, obj, count)
+
+
+def test_crlf_csv_and_a_file_without_a_last_line_feed(s3: Any, buckets: tuple[str, str]) -> None:
+    rows = [f"{i},name {i},{'x' * (i % 50)}" for i in range(500)]
+    data = ("id,name,pad\r\n" + "\r\n".join(rows)).encode()  # no CRLF after the last row
+    obj = upload(s3, buckets[0], "big/crlf.csv", data)
+    assert_same_as_whole(s3, buckets, obj, 4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.integers(0, 10**6).map(lambda n: json.dumps({"n": n}).encode()),
+            st.sampled_from([b"", b" ", b"\r", b"{bad", b"[1,2]", b'"' + b"y" * 900 + b'"', b"z" * 1100]),
+        ),
+        min_size=0,
+        max_size=60,
+    ),
+    count=st.integers(2, 9),
+)
+def test_any_jsonl_split_anywhere_reads_like_the_whole_file(
+    s3: Any, buckets: tuple[str, str], lines: list[bytes], count: int
+) -> None:
+    data = b"\n".join(lines) + (b"\n" if lines and lines[-1] else b"")
+    key = f"prop/{abs(hash((data, count)))}.jsonl"
+    obj = upload(s3, buckets[0], key, data)
+    assert_same_as_whole(s3, buckets, obj, count, chunk_records=3)
+
+
+def test_a_quoted_line_break_at_a_boundary_fails_the_file(s3: Any, buckets: tuple[str, str]) -> None:
+    rows = [f'{i},"line one\nline two of {i}"' for i in range(200)]
+    data = ("id,note\n" + "\n".join(rows) + "\n").encode()
+    obj = upload(s3, buckets[0], "big/quoted.csv", data)
+    failures = []
+    for r in nominal(obj.size, 3):
+        try:
+            run(s3, request(buckets, obj, "split/", split=r))
+        except ApplicationError as err:
+            failures.append(err)
+    # Every other boundary is inside a quoted field (one line break in two is): some split fails loudly.
+    assert failures
+    assert all(f.type == "BadFile" and f.non_retryable for f in failures)
+    assert '"split_bytes": null' in failures[0].message and "crosses the boundary" in failures[0].message
+
+
+def test_a_crashed_split_resumes_from_its_own_checkpoint(s3: Any, buckets: tuple[str, str]) -> None:
+    lines = [json.dumps({"n": i}).encode() for i in range(400)]
+    obj = upload(s3, buckets[0], "big/crash.jsonl", b"\n".join(lines) + b"\n")
+    whole = run(s3, request(buckets, obj, "whole/"))
+    splits = nominal(obj.size, 3)
+    results = []
+    for r in splits:
+        req = request(buckets, obj, "split/", split=r)
+        with pytest.raises(ApplicationError):
+            run(s3, req, crash_at=3)
+        last = run.beats[-1]  # type: ignore[attr-defined]
+        if r.index == 1:
+            results.append(run(s3, req, details=[last]))  # resumed from the heartbeat
+        else:
+            results.append(run(s3, req, details=[None]))  # no heartbeat: from its committed parts
+        assert results[-1].resumed_from_record > 0
+    assert sum(r.records for r in results) == whole.records == 400
+    assert outputs(s3, buckets[1], "split/", obj.key)[0] == outputs(s3, buckets[1], "whole/", obj.key)[0]
+
+
+def test_splits_of_another_count_are_replaced(s3: Any, buckets: tuple[str, str]) -> None:
+    """A file split in 4 by an earlier job, then in 2 into the same output: the old splits' parts go."""
+    lines = [json.dumps({"n": i}).encode() for i in range(300)]
+    obj = upload(s3, buckets[0], "big/again.jsonl", b"\n".join(lines) + b"\n")
+    for r in nominal(obj.size, 4):
+        run(s3, request(buckets, obj, "split/", split=r))
+    run(s3, request(buckets, obj, "whole/"))
+    for r in nominal(obj.size, 2):
+        run(s3, request(buckets, obj, "split/", split=r))
+    parts, _, names = outputs(s3, buckets[1], "split/", obj.key)
+    assert {n.split("-")[1] for n in names} == {"000", "001"}
+    assert parts == outputs(s3, buckets[1], "whole/", obj.key)[0]
+    # ... and a whole-file run into that output removes the splits' parts.
+    run(s3, request(buckets, obj, "split/"))
+    assert all(layout.output_kind(n) is not None for n in outputs(s3, buckets[1], "split/", obj.key)[2])
+
+
+def test_boundaries_and_lines(s3: Any, buckets: tuple[str, str]) -> None:
+    data = b"a\n\n  \nb\r\nc\rd\n" + b"x" * 600_000 + b"\ne\n"
+    obj = upload(s3, buckets[0], "big/b.csv", data)
+    source = SplitSource(s3, buckets[0], obj, None, "s3://x/big/b.csv")
+    assert source.boundary(0) == 0
+    assert source.boundary(1) == 2  # after "a\n"
+    assert source.boundary(2) == 2  # the LF at 1 ends "a"
+    assert source.boundary(3) == 9  # "\n" and "  \n" are blank: after "b\r\n"
+    assert source.boundary(len(data)) == len(data)
+    assert source.boundary(20) == len(data) - 2  # through a long line
+    assert source.line_at(9, "csv") == source.line_at(9, "jsonl") == 5
+    assert source.line_at(13, "csv") == 7  # "c\r" is a line for CSV
+    assert source.line_at(13, "jsonl") == 6
+
+
+def test_each_split_has_chunk_keys_of_its_own() -> None:
+    one = ChunkContext("job", "b", "k", "e", 0, 1)
+    a, b = one._replace(split=0), one._replace(split=1)
+    assert len({one.chunk_key, a.chunk_key, b.chunk_key}) == 3
+    assert a.record_key(10) == b.record_key(10) == one.record_key(10)  # a record's key is its line's
+    assert Checkpoint(etag="e", fingerprint="f").line == 1
