@@ -16,11 +16,9 @@ Control, by workflow updates (``temporal workflow update execute --name pause`` 
 - Cancelling the workflow is graceful: no new file starts, in-flight files stop at their next chunk
   boundary (after their checkpoint), the report lists them as ``cancelled``, the job ends cancelled.
 
-Besides the control flow here: :mod:`~s3batch.workflows.ledger` (an incremental job's listing and
-ledger), :mod:`~s3batch.workflows.report` (the report, why a finished job fails),
-:mod:`~s3batch.workflows.inputs` (the arguments), :mod:`~s3batch.workflows.schedule` (activity options,
-inputs, groups of small files), :mod:`~s3batch.workflows.books` (the job's books, hand-overs) and
-:mod:`~s3batch.workflows.status` (details, progress, search attributes).
+Besides the control flow here: ``ledger`` (listing pages, an incremental job's ledger), ``report`` (the
+report, why a finished job fails), ``inputs``, ``schedule`` (activity options and inputs, groups of small
+files), ``splits`` (big files in byte-range splits), ``books`` and ``status``, all under ``s3batch.workflows``.
 """
 
 from __future__ import annotations
@@ -35,17 +33,17 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
     from s3batch.workflows.books import Books, cancelled_result, completed_anyway
     from s3batch.workflows.inputs import parse_job, parse_state
-    from s3batch.workflows.ledger import list_incremental_page, write_ledger
+    from s3batch.workflows.ledger import list_page, write_ledger
     from s3batch.workflows.report import job_failure, write_report
     from s3batch.workflows.schedule import (
         HAND_OVER_GRACE,
         SHORT_RETRY,
         SHORT_TIMEOUT,
-        listing_input,
         next_group,
         run_is_full,
         start_file_activity,
     )
+    from s3batch.workflows.splits import merged, run_splits, split_count
     from s3batch.workflows.status import SearchIndex, details, job_progress, source_of
 
     from s3batch import search_attributes as sa
@@ -78,6 +76,10 @@ HAND_OVER_STRAGGLERS = "hand-over-stragglers"
 """A run that has started its files stops the files still in flight after ``HAND_OVER_GRACE`` at their
 next chunk boundary and hands them to the next run, which resumes them from their committed
 checkpoint (v0.1.0 and v0.2.0 waited for every file in flight, leaving the other slots idle)."""
+
+SPLIT_BIG_FILES = "split-big-files"
+"""A file over ``split_bytes`` runs as byte-range splits at once (v0.2.0 and before: one activity a file)."""
+
 
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:
@@ -184,10 +186,13 @@ class S3BatchWorkflow:
     def _start_next(self, limit: int) -> int:
         """Start the activity of the next file (or group of small files); returns how many files."""
         group = next_group(self._state, self._spec, limit)
+        splits = split_count(self._spec, group[0], self._limit() - self._active) if len(group) == 1 else 1
+        if splits > 1 and not workflow.patched(SPLIT_BIG_FILES):
+            splits = 1
         for obj in group:
             self._books.in_flight[obj.key] = obj
-        self._active += 1
-        task = asyncio.create_task(self._process(group))
+        self._active += splits  # a file in splits takes a slot per split
+        task = asyncio.create_task(self._process(group) if splits == 1 else self._process_splits(group[0], splits))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return len(group)
@@ -278,15 +283,7 @@ class S3BatchWorkflow:
     async def _list_next_page(self) -> None:
         st = self._state
         spec = self._spec
-        if spec.incremental is not None:
-            page = await list_incremental_page(spec, self._given or spec, st.continuation_token, LIST_PAGE_SIZE)
-        else:
-            page = await workflow.execute_activity_method(
-                S3Activities.list_objects,
-                listing_input(spec, st, LIST_PAGE_SIZE),
-                start_to_close_timeout=SHORT_TIMEOUT,
-                retry_policy=SHORT_RETRY,
-            )
+        page = await list_page(spec, self._given or spec, st, LIST_PAGE_SIZE)
         if workflow.patched(KEEP_REQUEUED_FILES):
             # A failed group's files may have been put back while this page was being listed.
             st.pending.extend(page.objects)
@@ -319,11 +316,28 @@ class S3BatchWorkflow:
             # An exception in this task would be lost: the scheduling loop raises it.
             self._fatal = err
         finally:
-            for obj in group:
-                del self._books.in_flight[obj.key]
-            self._active -= 1
-            self._finished += 1
-            self._update_details()
+            self._ended(group, 1)
+
+    def _ended(self, group: list[ObjectRef], slots: int) -> None:
+        """The activity (or splits) of ``group`` has ended and is recorded: free its ``slots``."""
+        for obj in group:
+            del self._books.in_flight[obj.key]
+        self._active -= slots
+        self._finished += 1
+        self._update_details()
+
+    async def _process_splits(self, obj: ObjectRef, count: int) -> None:
+        """Process a big file as ``count`` byte-range splits at once; record one result for it."""
+        spec = self._spec
+        results, error = await run_splits(spec, obj, count, self._ending)
+        try:
+            stopped = self._ending()
+            failed = error and self._books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=False)
+            self._books.record_group([obj], failed or [merged(spec, obj, results)], spec.bucket)
+        except ApplicationError as err:
+            self._fatal = err  # raised by the scheduling loop
+        finally:
+            self._ended([obj], count)
 
     async def _continue_as_new(self) -> None:
         st = self._state

@@ -8,11 +8,23 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT
+    from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT, listing_input
 
     from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri
-    from s3batch.messages import ListObjectsResult
+    from s3batch.messages import JobState, ListObjectsResult
     from s3batch.models import JobStatus, S3BatchInput
+
+
+async def list_page(spec: S3BatchInput, given: S3BatchInput, st: JobState, page_size: int) -> ListObjectsResult:
+    """The next listing page of the job: of its incremental listing, or of its prefix (or manifest, or report)."""
+    if spec.incremental is not None:
+        return await list_incremental_page(spec, given, st.continuation_token, page_size)
+    return await workflow.execute_activity_method(
+        S3Activities.list_objects,
+        listing_input(spec, st, page_size),
+        start_to_close_timeout=SHORT_TIMEOUT,
+        retry_policy=SHORT_RETRY,
+    )
 
 
 async def list_incremental_page(

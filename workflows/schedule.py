@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
 
     from s3batch.errors import NON_RETRYABLE_TYPES
-    from s3batch.messages import JobState, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput
+    from s3batch.messages import JobState, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput, SplitRange
     from s3batch.models import S3BatchInput
 
 SHORT_TIMEOUT = timedelta(minutes=5)
@@ -67,6 +67,14 @@ def start_file_activity(spec: S3BatchInput, group: list[ObjectRef]) -> workflow.
     )
 
 
+def start_split_activity(spec: S3BatchInput, obj: ObjectRef, split: SplitRange) -> workflow.ActivityHandle[Any]:
+    """Start the activity of one byte-range split of a big file (``s3batch.workflows.splits``)."""
+    req = file_input(spec, obj).model_copy(update={"split": split})
+    summary = f"{obj.key} (split {split.index + 1} of {split.count})"
+    options = file_activity_options(spec)
+    return workflow.start_activity_method(S3Activities.process_file, req, summary=summary, **options)
+
+
 def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
     """The input of the activity that processes ``obj``."""
     return ProcessFileInput(
@@ -114,7 +122,9 @@ def next_group(st: JobState, spec: S3BatchInput, limit: int) -> list[ObjectRef]:
     (at most ``limit`` objects in all)."""
 
     def small(obj: ObjectRef) -> bool:
-        return spec.group_max_files > 1 and obj.size < spec.group_max_bytes and obj.key not in st.solo
+        # A file to split is never grouped (jobs before split_bytes have it at 1 GiB, over group_max_bytes).
+        splits = spec.split_bytes is not None and obj.size > spec.split_bytes
+        return spec.group_max_files > 1 and obj.size < spec.group_max_bytes and obj.key not in st.solo and not splits
 
     first = st.pending.pop(0)
     group = [first]

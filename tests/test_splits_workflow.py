@@ -1,0 +1,154 @@
+"""Big files in byte-range splits, end to end on the real stack: the workflow cuts a file over
+``split_bytes`` into one activity per free slot, records one report entry for it, survives a SIGKILL of
+the worker running a split, stops the splits on a cancel, and fails a file it cannot split rather than
+read it wrong. (The splits' boundaries and resume, activity by activity: tests/test_splits.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from s3batch.workflows.batch import S3BatchWorkflow
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Worker
+
+from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
+from s3batch.models import S3BatchInput
+from tests.helpers import wait_for
+from tests.helpers.assertions import assert_exactly_once
+from tests.helpers.data import make_csv
+from tests.helpers.history import history_events, scheduled_activities
+from tests.helpers.jobs import SLOW_HEARTBEAT_TIMEOUT
+from tests.helpers.output import report
+from tests.helpers.workers import worker_process
+
+
+def job(src: str, out: str, **kw: Any) -> S3BatchInput:
+    options: dict[str, Any] = {
+        "output_bucket": out,
+        "output_prefix": "o/",
+        "chunk_records": 1_000,
+        "split_bytes": 64 * 1024,
+        "max_concurrent_files": 4,
+        "heartbeat_timeout_seconds": SLOW_HEARTBEAT_TIMEOUT,
+    }
+    return S3BatchInput(bucket=src, **{**options, **kw})
+
+
+def parts(s3: Any, bucket: str, folder: str) -> list[Checkpoint]:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{folder}part-").get("Contents", [])
+    heads = [s3.head_object(Bucket=bucket, Key=o["Key"]) for o in listed]
+    return [Checkpoint.model_validate_json(h["Metadata"][CHECKPOINT_METADATA]) for h in heads]
+
+
+async def test_a_big_file_runs_in_splits_at_once(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    src, out = buckets
+    rows = 20_000
+    s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))  # about 500 KB: 4 splits (4 slots)
+    s3.put_object(Bucket=src, Key="small.csv", Body=make_csv(10))
+    workflow_id = f"splits-{uuid.uuid4().hex[:8]}"
+    result = await client.execute_workflow(
+        S3BatchWorkflow.run, job(src, out), id=workflow_id, task_queue=task_queue
+    )
+    assert result.status == "succeeded"
+    assert result.totals.records == rows + 10 and result.totals.files_succeeded == 2
+    entries = {f["key"]: f for f in report(s3, out)["files"]}
+    big = entries["big.csv"]
+    assert big["splits"] == 4 and big["records"] == rows and big["records_written"] == rows
+    assert big["bytes_read"] == len(make_csv(rows))
+    assert "splits" not in entries["small.csv"]
+    assert_exactly_once(s3, out, "o/big.csv/", rows)
+    names = [o["Key"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/big.csv/")["Contents"]]
+    assert {n.split("/")[-1][:8] for n in names} == {"part-000", "part-001", "part-002", "part-003"}
+    # One activity per split, all of the file (the small file's is the fifth).
+    scheduled = scheduled_activities(await history_events(client, workflow_id))
+    assert scheduled.count("s3batch.process_file") == 5, scheduled
+
+
+async def test_a_file_split_where_a_quoted_field_holds_a_line_break_fails_loudly(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    src, out = buckets
+    body = "id,note\n" + "".join(f'{i},"one\ntwo {i}"\n' for i in range(20_000))
+    s3.put_object(Bucket=src, Key="quoted.csv", Body=body.encode())
+    with pytest.raises(WorkflowFailureError):
+        await client.execute_workflow(
+            S3BatchWorkflow.run, job(src, out), id=f"quoted-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+        )
+    entry = report(s3, out)["files"][0]
+    assert entry["status"] == "failed"
+    assert "crosses the boundary" in entry["error"] and '"split_bytes": null' in entry["error"]
+
+
+async def test_a_cancelled_job_stops_every_split(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    src, out = buckets
+    rows = 40_000
+    s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
+    proc = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    try:
+        proc.wait_ready()
+        handle = await client.start_workflow(
+            S3BatchWorkflow.run,
+            job(src, out, handler="slow_passthrough", split_bytes=256 * 1024, chunk_records=200),
+            id=f"cancel-splits-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+        )
+        await wait_for(lambda: len(parts(s3, out, "o/big.csv/")) >= 4, 60, "4 committed parts")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+    finally:
+        proc.stop()
+    entry = report(s3, out)["files"][0]
+    assert entry["status"] == "cancelled" and entry["splits"] == min(-(-len(make_csv(rows)) // (256 * 1024)), 4)
+    # What the report counts is what the splits committed: the last part of each split.
+    last: dict[int, Checkpoint] = {}
+    listed = s3.list_objects_v2(Bucket=out, Prefix="o/big.csv/part-")["Contents"]
+    for o in listed:
+        split = int(o["Key"].split("/")[-1].split("-")[1])
+        cp = Checkpoint.model_validate_json(s3.head_object(Bucket=out, Key=o["Key"])["Metadata"][CHECKPOINT_METADATA])
+        if split not in last or cp.chunk > last[split].chunk:
+            last[split] = cp
+    assert entry["records"] == sum(cp.next_record for cp in last.values()) < rows
+
+
+@pytest.mark.slow
+async def test_sigkill_of_the_worker_running_a_split(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path
+) -> None:
+    src, out = buckets
+    rows = 40_000
+    s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
+    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.05")
+    second = None
+    try:
+        first.wait_ready()
+        handle = await client.start_workflow(
+            S3BatchWorkflow.run,
+            job(src, out, handler="slow_passthrough", split_bytes=400 * 1024, max_concurrent_files=2,
+                heartbeat_timeout_seconds=5),
+            id=f"kill-splits-{uuid.uuid4().hex[:8]}",
+            task_queue=task_queue,
+        )
+        await wait_for(lambda: len(parts(s3, out, "o/big.csv/")) >= 6, 60, "6 committed parts")
+        first.kill()
+        second = worker_process(task_queue, tmp_path, "b")
+        second.wait_ready()
+        result = await asyncio.wait_for(handle.result(), 120)
+        assert result.status == "succeeded"
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    entry = report(s3, out)["files"][0]
+    assert entry["splits"] == min(-(-len(make_csv(rows)) // (400 * 1024)), 2)
+    assert entry["records"] == rows and entry["attempts"] >= 2
+    assert entry["resumed_from_record"] > 0  # the splits resumed from their checkpoints, not from the start
+    assert_exactly_once(s3, out, "o/big.csv/", rows)

@@ -1,0 +1,138 @@
+"""Byte-range splits of one big file, the workflow's side: how many, their nominal ranges, and one
+report entry from their results.
+
+A pending file larger than the job's ``split_bytes`` (an uncompressed CSV or JSON Lines file written to
+S3 parts, in UTF-8) is cut, from its listed size alone, into ``ceil(size / split_bytes)`` nominal ranges,
+at most one per free slot and at most :data:`~s3batch.layout.MAX_SPLITS`. Each is a ``process_file``
+activity of its own (its own retries, heartbeats and checkpoint), moved to record boundaries by the
+activity (:mod:`s3batch.activities.splits`). The file takes one slot per split while they run; its report
+entry adds their counts up and says ``splits``.
+
+Pure functions, but for :func:`run_splits` (which starts the splits, waits for them and may cancel them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from s3batch.workflows.books import cancelled_result, completed_anyway
+    from s3batch.workflows.schedule import start_split_activity
+
+    from s3batch import layout
+    from s3batch.errors import UnknownFormatError
+    from s3batch.formats import resolve_format
+    from s3batch.messages import FileResult, ObjectRef, ReasonCount, SplitRange
+    from s3batch.models import S3BatchInput
+    from s3batch.rejects import MAX_REASONS, FileLimits, crossed, describe_reasons, ratio, warnings_of
+
+_UTF8 = (None, "utf-8", "utf8", "utf_8")
+
+
+def split_count(spec: S3BatchInput, obj: ObjectRef, free: int) -> int:
+    """How many splits ``obj`` is processed in (1: whole), with ``free`` slots to run them in."""
+    limit = spec.split_bytes
+    if limit is None or obj.size <= limit or free < 2:
+        return 1
+    if spec.sink is not None and spec.sink.type != "s3":
+        return 1  # a table: one checkpoint row per file
+    if spec.encoding not in _UTF8:
+        return 1  # the boundaries are found as line feed bytes
+    try:
+        fmt, compression = resolve_format(obj.key, spec.format)
+    except UnknownFormatError:
+        return 1  # the activity says what is wrong
+    if compression is not None or fmt not in ("csv", "jsonl"):
+        return 1
+    return max(1, min(-(-obj.size // limit), free, layout.MAX_SPLITS))
+
+
+def split_ranges(obj: ObjectRef, count: int) -> list[SplitRange]:
+    """The ``count`` nominal byte ranges of ``obj``, of equal size, covering it."""
+    cuts = [obj.size * i // count for i in range(count + 1)]
+    return [SplitRange(index=i, count=count, start=cuts[i], end=cuts[i + 1]) for i in range(count)]
+
+
+def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> FileResult:
+    """One report entry for a file from the results of its splits, one each (all succeeded or cancelled:
+    a failed split fails the file before this). Over a file limit on rejects when added up: ``failed``."""
+    records = sum(r.records for r in results)
+    rejected = sum(r.rejected for r in results)
+    tally: Counter[str] = Counter()
+    for r in results:
+        for reason in r.reject_reasons or []:
+            tally[reason.reason] += reason.count
+    ranked = sorted(tally.items(), key=lambda item: (-item[1], item[0]))[:MAX_REASONS]
+    warnings = warnings_of(rejected, records, ranked, None)
+    for r in results:  # a delimiter hint (found by the first split)
+        warnings += [w for w in r.warnings or [] if "of its records were rejected" not in w and w not in warnings]
+    status = "cancelled" if any(r.status == "cancelled" for r in results) else "succeeded"
+    result = FileResult(
+        key=obj.key,
+        etag=obj.etag,
+        status=status,
+        records=records,
+        records_written=sum(r.records_written for r in results),
+        rejected=rejected,
+        dropped=sum(r.dropped for r in results),
+        bytes_read=sum(r.bytes_read for r in results),
+        chunks=sum(r.chunks for r in results),
+        attempts=max(r.attempts for r in results),
+        resumed_from_record=sum(r.resumed_from_record for r in results),
+        error=next((r.error for r in results if r.status == "cancelled"), None),
+        reject_ratio=ratio(rejected, records) if rejected else None,
+        reject_reasons=[ReasonCount(reason=k, count=v) for k, v in ranked] if rejected else None,
+        warnings=warnings or None,
+        splits=len(results),
+    )
+    limits = FileLimits(max_rejected_records=spec.max_rejected_records, max_rejected_ratio=spec.max_rejected_ratio)
+    over = crossed(limits, rejected, records, done=status == "succeeded")
+    if over is None:
+        return result
+    where = f"s3://{spec.bucket if obj.bucket is None else obj.bucket}/{obj.key}"
+    output = f"s3://{spec.output_bucket}/{layout.file_dir(spec.output_prefix, obj.key)}"
+    error = (
+        f"TooManyRejects: {where}: {rejected} of the {records} records read by its {len(results)} splits were "
+        f"rejected ({ratio(rejected, records):.1%}), over {over}; most common reasons: "
+        f"{describe_reasons(ranked, rejected)}. Its parts and rejects under {output} are kept. The rejects files "
+        "give each rejected line and its full reason."
+    )
+    return result.model_copy(update={"status": "failed", "error": error})
+
+
+async def run_splits(
+    spec: S3BatchInput, obj: ObjectRef, count: int, ending: Callable[[], bool]
+) -> tuple[list[FileResult], ActivityError | None]:
+    """Start the ``count`` splits of ``obj`` and wait for them all; on the first that fails (or a cancel of
+    the job: ``ending``), stop the others at their next chunk boundary. Returns their results (a split
+    stopped without one counts as cancelled, with nothing committed) and the failure of the first split
+    that failed, if one did."""
+    handles = [start_split_activity(spec, obj, r) for r in split_ranges(obj, count)]
+    with contextlib.suppress(asyncio.CancelledError):  # the job is being cancelled or stopped: see below
+        await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
+    if not all(h.done() for h in handles):
+        for h in handles:
+            h.cancel()
+        await workflow.wait(handles)
+    results: list[FileResult] = []
+    error: ActivityError | None = None
+    for h in handles:
+        if h.cancelled():
+            results += completed_anyway(h) or [cancelled_result(obj)]
+            continue
+        exc = h.exception()
+        if exc is None:
+            results.append(h.result())
+        elif not isinstance(exc, ActivityError):
+            raise exc
+        elif is_cancelled_exception(exc) and (ending() or error is not None):
+            results.append(cancelled_result(obj))  # stopped by the job's cancel, or by a sibling's failure
+        else:
+            error = error or exc
+    return results, error
