@@ -210,15 +210,12 @@ class FileOutput:
         """The folder (ends with ``/``)."""
         self.known: dict[str, tuple[str, Checkpoint]] = {}
         """Output objects known to be ours: name -> (ETag, the checkpoint stored on it)."""
-        self.split: int | None = None
-        """The byte-range split of the file this output is for (:meth:`for_split`); None: the whole file."""
+        self.split: int | None = None  # the byte-range split of the file this output is for (None: all of it)
         self.splits = 1
-        """How many splits the file has (1: not split)."""
 
     def for_split(self, index: int, count: int, start: int, end: int) -> None:
-        """Make this the output of split ``index`` of ``count`` (nominal bytes ``start``-``end``): its parts
-        have names of their own in the file's folder (``layout.part_name``), and a fingerprint of their own,
-        so parts of another way of splitting the file are never taken for this split's."""
+        """Make this the output of split ``index`` of ``count`` (nominal bytes ``start``-``end``): names
+        (``layout.part_name``) and a fingerprint of its own (another way of splitting the file is not this)."""
         self.split, self.splits = index, count
         shape = json.dumps({"of": self.fingerprint, "split": [index, count, start, end]}, sort_keys=True)
         self.fingerprint = hashlib.sha256(shape.encode()).hexdigest()[:16]
@@ -246,11 +243,9 @@ class FileOutput:
         key = self._key(chunk, kind)
         try:
             head = self.s3.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as err:
-            if is_missing_object(err):
+        except (ClientError, BotoCoreError) as err:
+            if isinstance(err, ClientError) and is_missing_object(err):
                 return None
-            raise_s3_error(err, "reading", self.bucket, key)
-        except BotoCoreError as err:
             raise_s3_error(err, "reading", self.bucket, key)
         metadata = head.get("Metadata", {})
         raw = metadata.get(CHECKPOINT_METADATA)
@@ -259,9 +254,8 @@ class FileOutput:
             and self._secret is not None
             and not checkpoint_mac_ok(self._secret, self.bucket, key, raw, metadata.get(CHECKPOINT_MAC_METADATA))
         ):
-            # Written without the workers' secret (by an older release, a worker without the secret,
-            # or whoever else can write the output prefix): never trusted, the chunk is processed
-            # again and the object replaced.
+            # Written without the workers' secret (an older release, a worker without it, whoever else can
+            # write the output prefix): never trusted, the chunk is processed again and the object replaced.
             activity.logger.warning(
                 "%s carries a checkpoint without a valid HMAC (S3BATCH_CHECKPOINT_SECRET): not reused",
                 f"s3://{self.bucket}/{key}",
@@ -281,11 +275,9 @@ class FileOutput:
         """The furthest of the heartbeat checkpoint (or ``start`` without one) and the last
         contiguous committed part.
 
-        The heartbeat is throttled, so after a crash the parts written since the last heartbeat
-        that reached the server are found by probing part ``n``, ``n+1``... until one is missing or
-        was written for another source version or other options. Nothing is deleted here: output
-        that is not this version's is overwritten or removed once the file is done (and the source
-        confirmed), so a deleted or changed source never costs committed output.
+        The heartbeat is throttled: the parts written since the last one that reached the server are
+        found by probing (:meth:`_last_committed`). Nothing is deleted here: output not of this version
+        is replaced, or removed once the file is done, so a changed source never costs committed output.
 
         Args:
             heartbeat: This file's checkpoint from the last heartbeat details, if it is ours.
@@ -419,27 +411,10 @@ class FileOutput:
             previous_rejected = part_cp.rejected
         if problems:
             raise AccountingError(
-                f"accounting error in the output of {where} under s3://{self.bucket}/{self.dir}: "
-                f"{'; '.join(problems)} (expected parts 0-{n - 1} of this version{self._of_split()}). The output "
-                "was changed while the file was processed, or this is a bug in s3batch; process the file again "
-                "(a redrive) and report it if it repeats."
+                f"accounting error in the output of {where} under s3://{self.bucket}/{self.dir}: {'; '.join(problems)} "
+                f"(expected parts 0-{n - 1} of this version{layout.split_words(self.split)}). The output was changed "
+                "while the file was processed, or this is a bug in s3batch; process the file again (a redrive) and "
+                "report it if it repeats."
             )
-        return sorted(name for name in listed if self._removable(name) and name not in expected)
-
-    def _of_split(self) -> str:
-        return "" if self.split is None else f", split {self.split} of {self.splits}"
-
-    def _removable(self, name: str) -> bool:
-        """Whether output object ``name`` in the folder is this output's to remove when it is not expected.
-
-        A whole file's output removes every other output object (also the parts of splits, left by a job that
-        split the file); a split removes its own only, and split 0 also those of the whole file and of splits
-        past the last (left by a job that did not split the file, or split it in more pieces). The other splits'
-        parts are theirs."""
-        found = layout.output_of(name)
-        if found is None:
-            return False
-        split = found[1]
-        if self.split is None or split == self.split:
-            return True
-        return self.split == 0 and (split is None or split >= self.splits)
+        removable = [name for name in listed if layout.removable(name, self.split, self.splits)]
+        return sorted(name for name in removable if name not in expected)

@@ -170,3 +170,24 @@ def output_of(name: str) -> tuple[str, int | None, int] | None:
         return None
     split = match.group(2)
     return match.group(1), None if split is None else int(split), int(match.group(3))
+
+
+def removable(name: str, split: int | None, splits: int) -> bool:
+    """Whether output object ``name``, found in a file's folder and not expected there, is to be removed by
+    the output of split ``split`` of ``splits`` (None: of the whole file).
+
+    A whole file's output removes every other output object (the parts of splits, too: left by a job that
+    split the file); a split removes its own only, and split 0 also those of the whole file and of splits past
+    the last (left by a job that did not split the file, or split it in more pieces)."""
+    found = output_of(name)
+    if found is None:
+        return False
+    other = found[1]
+    if split is None or other == split:
+        return True
+    return split == 0 and (other is None or other >= splits)
+
+
+def split_words(split: int | None) -> str:
+    """``", split N"`` for messages about a split's output ("" for a whole file's)."""
+    return "" if split is None else f", split {split}"

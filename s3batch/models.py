@@ -80,6 +80,9 @@ _UNSET_OMITTED = READ_OPTIONS | (
 _OFF_OMITTED = frozenset({"fail_if_empty", "overwrite_output"})
 """Job switches left out of the input as written when off: a job without them is written as before."""
 
+DEFAULT_SPLIT_BYTES = 1024 * 1024 * 1024
+"""``split_bytes`` of a job that does not set it (left out of the input as written: see above)."""
+
 
 class S3BatchInput(BaseModel):
     """Input of ``S3BatchWorkflow``: what to process, where to write it and how.
@@ -153,7 +156,7 @@ class S3BatchInput(BaseModel):
     files in flight stop at a chunk boundary and the report is written (None: no limit)."""
     max_record_bytes: int = Field(8 * 1024 * 1024, ge=1_024, le=1024 * 1024 * 1024)
     """A longer line becomes a reject instead of being read into memory."""
-    split_bytes: int | None = Field(1024 * 1024 * 1024, ge=64 * 1024)
+    split_bytes: int | None = Field(DEFAULT_SPLIT_BYTES, ge=64 * 1024)
     """An uncompressed CSV or JSON Lines file larger than this (written to S3 parts) is processed as
     byte-range splits of about this size, each its own resumable activity, at most one per free slot of
     ``max_concurrent_files`` and at most 100 (None: never split). A CSV file whose quoted field holds a
@@ -317,6 +320,8 @@ class S3BatchInput(BaseModel):
         if isinstance(data, dict):
             if data.get("bucket") == "":
                 del data["bucket"]  # a manifest job's: "" is no bucket (and not a bucket name)
+            if data.get("split_bytes", 0) == DEFAULT_SPLIT_BYTES:
+                del data["split_bytes"]
             return {name: value for name, value in data.items() if not (name in _OFF_OMITTED and value is False)}
         return data
 

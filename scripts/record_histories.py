@@ -209,6 +209,25 @@ async def straggler(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return await ctx.start("straggler", job, {"files_per_run": 3}), "succeeded"
 
 
+async def splits(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """A big file in three byte-range splits at once (patch marker, three activities, one result), and a
+    small file after them."""
+    src, out = ctx.buckets("splits")
+    ctx.put(src, {"in/00-big.csv": csv_rows(12_000), "in/01.csv": csv_rows(20)})
+    job = _job(src, out, chunk_records=1_000, split_bytes=64 * 1024, max_concurrent_files=3)
+    return await ctx.start("splits", job), "succeeded"
+
+
+async def splits_quoted(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """A file whose quoted line breaks fall at a split's boundary: that split fails (not retried), the
+    others are stopped, the file and the job fail."""
+    src, out = ctx.buckets("splits-quoted")
+    body = "id,note\n" + "".join(f'{i},"one\ntwo {i}"\n' for i in range(8_000))
+    ctx.put(src, {"in/quoted.csv": body.encode()})
+    job = _job(src, out, chunk_records=500, split_bytes=64 * 1024, max_concurrent_files=3)
+    return await ctx.start("splits_quoted", job), "JobFailed"
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "continue_as_new": continue_as_new,
     "groups": groups,
@@ -218,6 +237,8 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "group_fails": group_fails,
     "cancel": cancel,
     "straggler": straggler,
+    "splits": splits,
+    "splits_quoted": splits_quoted,
 }
 
 

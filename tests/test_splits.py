@@ -242,3 +242,15 @@ def test_each_split_has_chunk_keys_of_its_own() -> None:
     assert len({one.chunk_key, a.chunk_key, b.chunk_key}) == 3
     assert a.record_key(10) == b.record_key(10) == one.record_key(10)  # a record's key is its line's
     assert Checkpoint(etag="e", fingerprint="f").line == 1
+
+
+def test_the_default_split_bytes_is_left_out_of_the_input_as_written() -> None:
+    """A job that does not set split_bytes is written as before it existed (a worker of the release before
+    reads it); one that sets it, even to null (never split), says so."""
+    from s3batch.models import DEFAULT_SPLIT_BYTES, S3BatchInput
+
+    base = {"bucket": "in-bucket", "output_bucket": "out-bucket", "output_prefix": "p/"}
+    assert "split_bytes" not in S3BatchInput(**base).model_dump()
+    assert S3BatchInput(**base).split_bytes == DEFAULT_SPLIT_BYTES
+    assert S3BatchInput(**base, split_bytes=None).model_dump()["split_bytes"] is None
+    assert S3BatchInput(**base, split_bytes=65536).model_dump()["split_bytes"] == 65536
