@@ -15,6 +15,7 @@ from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
+from s3batch import client as api
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
@@ -101,6 +102,13 @@ async def test_a_cancelled_job_stops_every_split(
             task_queue=task_queue,
         )
         await wait_for(lambda: len(parts(s3, out, "o/big.csv/")) >= 4, 60, "4 committed parts")
+        # In flight: one row per split, each read within its own range (s3batch status / watch).
+        view = await api.describe(client, handle.id)
+        splits = sorted((f.split.index, f.split.count) for f in view.in_flight if f.split is not None)
+        assert [i for i, _ in splits] == list(range(len(splits))) and len(splits) >= 2, view.in_flight
+        for f in view.in_flight:
+            assert f.key == "big.csv" and (f.fraction is None or 0 <= f.fraction <= 1)
+            assert f.to_json()["splits"] == splits[0][1]
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
             await handle.result()

@@ -89,6 +89,8 @@ def no_worker_line(task_queue: str) -> Text:
 def file_label(f: api.InFlightFile) -> Text:
     """The file's key, as typed, and its place in a group."""
     group = f" (file {f.group_index + 1} of {f.group_files} in a group)" if f.group_files > 1 else ""
+    if f.split is not None:
+        group = f" (split {f.split.index + 1} of {f.split.count})"
     return cell((f.key or f"activity {f.activity_id}") + group)
 
 

@@ -137,10 +137,11 @@ def in_flight_table(files: Sequence[api.InFlightFile], now: datetime.datetime) -
     for column in ("records", "chunk", "attempt", "checkpoint"):
         table.add_column(column, justify="right", no_wrap=True)
     for f in files:
-        cp, size = f.checkpoint, f.size
-        if f.fraction is not None and cp is not None and size:
-            bar: RenderableType = Bar(total=size, completed=cp.byte_offset or 0, width=_BAR_WIDTH)
-            amount = f"{filesize.decimal(cp.byte_offset or 0)} / {filesize.decimal(size)}"
+        cp, size, span = f.checkpoint, f.size, f.span
+        if f.fraction is not None and cp is not None and span is not None:
+            total = span[1] - span[0]
+            bar: RenderableType = Bar(total=total, completed=f.done_in_span, width=_BAR_WIDTH)
+            amount = f"{filesize.decimal(f.done_in_span)} / {filesize.decimal(total)}"
         elif cp is None:
             bar, amount = Text("waiting for the first checkpoint", style="dim"), "-"
         else:

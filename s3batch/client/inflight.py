@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.client.views import InFlightFile
-from s3batch.messages import ObjectRef, ProcessFileInput
+from s3batch.messages import ObjectRef, ProcessFileInput, SplitRange
 
 PROCESS_FILE_ACTIVITY = "s3batch.process_file"
 PROCESS_GROUP_ACTIVITY = "s3batch.process_group"
@@ -19,16 +19,18 @@ FILE_ACTIVITIES = (PROCESS_FILE_ACTIVITY, PROCESS_GROUP_ACTIVITY)
 """Activity types that process files (one, or a group of small ones): their pending attempts are
 the files in flight."""
 
-ObjectsCache = dict[tuple[str, str], list[ObjectRef]]
-"""The objects of file activities, by run and activity ID (see :func:`in_flight_files`)."""
+ObjectsCache = dict[tuple[str, str], tuple[list[ObjectRef], SplitRange | None]]
+"""The objects of file activities (and the split of a big file one processes), by run and activity ID
+(see :func:`in_flight_files`)."""
 
 
-def _input_objects(activity_type: str, value: Any) -> list[ObjectRef]:
-    """The objects of one file activity's input (a group activity processes several)."""
+def _input_objects(activity_type: str, value: Any) -> tuple[list[ObjectRef], SplitRange | None]:
+    """The objects of one file activity's input (a group activity processes several), and its split."""
     if activity_type == PROCESS_GROUP_ACTIVITY:
         first = ProcessFileInput.model_validate(value["file"])
-        return [first.obj, *(ObjectRef.model_validate(obj) for obj in value["more"])]
-    return [ProcessFileInput.model_validate(value).obj]
+        return [first.obj, *(ObjectRef.model_validate(obj) for obj in value["more"])], None
+    req = ProcessFileInput.model_validate(value)
+    return [req.obj], req.split
 
 
 def _heartbeat(details: list[Any]) -> tuple[Checkpoint | None, int]:
@@ -71,7 +73,7 @@ async def in_flight_files(
     for p in pending:
         payloads = p.heartbeat_details.payloads
         checkpoint, index = _heartbeat(await client.data_converter.decode(payloads) if payloads else [])
-        group = cache.get((run_id, p.activity_id), [])
+        group, split = cache.get((run_id, p.activity_id), ([], None))
         files.append(
             InFlightFile(
                 key=group[index].key if index < len(group) else None,
@@ -86,6 +88,7 @@ async def in_flight_files(
                 group_files=len(group),
                 group_index=index,
                 sizes=[obj.size for obj in group],
+                split=split,
             )
         )
     return sorted(files, key=lambda f: f.key or "")

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from s3batch.checkpoint import Checkpoint
 from s3batch.formats.compression import split_suffix
-from s3batch.messages import Progress, S3BatchResult
+from s3batch.messages import Progress, S3BatchResult, SplitRange
 from s3batch.models import REDRIVE_STATUSES, S3BatchInput
 from s3batch.report import JobReport, ReportFile
 
@@ -32,6 +32,8 @@ class InFlightFile:
     """Which of the group's files ``key`` and ``checkpoint`` are about."""
     sizes: list[int] = field(default_factory=list)
     """Object sizes of the activity's files, in order (from its input; empty if unknown)."""
+    split: SplitRange | None = None
+    """The byte range of a big file this activity processes (``S3BatchInput.split_bytes``); None: all of it."""
 
     @property
     def size(self) -> int | None:
@@ -39,12 +41,28 @@ class InFlightFile:
         return self.sizes[self.group_index] if self.group_index < len(self.sizes) else None
 
     @property
-    def fraction(self) -> float | None:
-        """How far through its object the file is, 0..1; None where unknown (gzip: no byte offset)."""
-        cp, size = self.checkpoint, self.size
-        if cp is None or cp.byte_offset is None or not size:
+    def span(self) -> tuple[int, int] | None:
+        """The bytes of the object this activity reads (all of it, or its split's nominal range)."""
+        size = self.size
+        if size is None:
             return None
-        return min(1.0, cp.byte_offset / size)
+        return (0, size) if self.split is None else (self.split.start, self.split.end)
+
+    @property
+    def done_in_span(self) -> int:
+        """Bytes of :attr:`span` read up to the checkpoint (0 before one, or without a byte offset)."""
+        cp, span = self.checkpoint, self.span
+        if cp is None or cp.byte_offset is None or span is None:
+            return 0
+        return max(0, min(cp.byte_offset, span[1]) - span[0])
+
+    @property
+    def fraction(self) -> float | None:
+        """How far through its object (or its split) the file is, 0..1; None where unknown (gzip: no byte offset)."""
+        cp, span = self.checkpoint, self.span
+        if cp is None or cp.byte_offset is None or span is None or span[1] <= span[0]:
+            return None
+        return min(1.0, self.done_in_span / (span[1] - span[0]))
 
     @property
     def offsetless(self) -> str:
@@ -60,9 +78,7 @@ class InFlightFile:
     def bytes_done(self) -> int:
         """Source bytes of this activity already consumed: the group's earlier files (finished)
         and the current file up to its checkpoint (0 for gzip, whose offset is unknown)."""
-        done = sum(self.sizes[: self.group_index])
-        cp = self.checkpoint
-        return done + ((cp.byte_offset or 0) if cp is not None else 0)
+        return sum(self.sizes[: self.group_index]) + self.done_in_span
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +92,7 @@ class InFlightFile:
             "last_failure": self.last_failure,
             "group_files": self.group_files,
             "group_index": self.group_index,
+            **({} if self.split is None else {"split": self.split.index, "splits": self.split.count}),
         }
 
 
