@@ -1,10 +1,11 @@
 """Chunk commits one write behind the chunk loop: the next chunk is read and handled while the last
-one's part is being written.
+one's part (or, for a table, its transaction) is being written.
 
 A chunk's new checkpoint is heartbeated, and becomes the file's committed checkpoint, only once its
-write has finished (``WriteBehind.settle``): the heartbeat never names a part that may not exist. At
-most one write is in flight, so memory holds at most two chunks, a crash loses at most the two chunks
-not yet committed (found again from the last committed part), and the parts are written in order.
+write has finished (``WriteBehind.settle``): the heartbeat never names a part that may not exist, nor
+a transaction that may not have committed. At most one write is in flight, so memory holds at most two
+chunks, a crash loses at most the two chunks not yet committed (found again from the last committed
+part, or the database's checkpoint), and the chunks are committed in order.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3batch.activities import file_setup
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.s3_activities import S3Activities
 from temporalio.api.enums.v1 import PendingActivityState
@@ -139,9 +140,15 @@ async def test_upsert_rerun_of_a_corrected_file_updates_rows(
     assert rows == [(1, "A", "last"), (2, "B", "fixed"), (3, "c", "z"), (4, "d", "w")]
 
 
+@pytest.mark.parametrize("behind", [False, True], ids=["at-once", "written-behind"])
 async def test_rows_the_database_refuses_become_rejects_with_its_reason_and_line(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker,
+    behind: bool, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Written behind (the next chunk read while one commits), a chunk's checkpoint still counts the rows the
+    database refused in the chunk before (``carried_over``): the same counts, rows and rejects as at once."""
+    if behind:
+        monkeypatch.setattr(file_setup, "BEHIND_MIN_BYTES", 0)  # this small file's transactions one chunk behind
     src, out = buckets
     name = f"people_{uuid.uuid4().hex[:8]}"
     pg.execute(f"CREATE TABLE public.{name} (id integer PRIMARY KEY, born date NOT NULL)")
@@ -235,13 +242,18 @@ async def test_bad_sink_objects_are_refused_naming_the_field(client: Client, tas
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pad", [0, 700], ids=["at-once", "written-behind"])
 async def test_exactly_once_into_the_table_across_sigkills_mid_file(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path, pg: PostgresServer,
-    table: str,
+    table: str, pad: int,
 ) -> None:
+    """Killed three times mid-file; with ``pad`` the file is big enough (``BEHIND_MIN_BYTES``) for each chunk's
+    transaction to run while the next chunk is read: a kill then lands with a transaction in flight too."""
     src, out = buckets
     rows = 6_000
-    s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(rows))
+    body = make_csv(rows, pad)
+    assert (len(body) >= file_setup.BEHIND_MIN_BYTES) == bool(pad)
+    s3.put_object(Bucket=src, Key="in/big.csv", Body=body)
     env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn, "S3BATCH_TEST_HANDLER_DELAY": "0.05"}
     spec = _job(src, out, table, handler="slow_passthrough", heartbeat_timeout_seconds=4, max_attempts=20)
     procs: list[WorkerProcess] = []
@@ -275,6 +287,61 @@ async def test_exactly_once_into_the_table_across_sigkills_mid_file(
     entry = report(s3, out, "o/")["files"][0]
     assert entry["records_written"] == rows and entry["attempts"] >= 4
     assert entry["resumed_from_record"] > 0
+
+
+def _table_books(pg: PostgresServer, table: str) -> tuple[int, int, int]:
+    """Rows, distinct ids and the highest id + 1 of ``table`` (all three equal: ids 0..n-1, each once)."""
+    query = f"SELECT count(*), count(DISTINCT id), coalesce(max(id) + 1, 0) FROM public.{table}"
+    [(n, distinct, top)] = pg.execute(query)
+    return int(n), int(distinct), int(top)  # type: ignore[call-overload]
+
+
+@pytest.mark.slow
+async def test_exactly_once_through_the_fast_csv_copy_written_behind_across_sigkills(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path, pg: PostgresServer,
+    table: str,
+) -> None:
+    """The benchmark's path: ``passthrough`` of a big CSV into a table, the fast CSV path giving each chunk's rows
+    to a CSV ``COPY``, its transaction running while the next chunk is read. Killed twice at full speed (a
+    transaction is then most likely in flight): every row once, each kill leaving exactly the rows of the
+    checkpoint the database committed."""
+    src, out = buckets
+    rows = 300_000
+    body = make_csv(rows)
+    assert len(body) >= file_setup.BEHIND_MIN_BYTES
+    s3.put_object(Bucket=src, Key="in/big.csv", Body=body)
+    env = {"S3BATCH_POSTGRES_TEST_DSN": pg.dsn}
+    spec = _job(src, out, table, handler="passthrough", chunk_records=2_000, heartbeat_timeout_seconds=4,
+                max_attempts=20)
+    procs: list[WorkerProcess] = []
+    try:
+        procs.append(worker_process(task_queue, tmp_path, "w0", **env))
+        procs[-1].wait_ready()
+        handle = await start(client, task_queue, spec, "pgkill-fast")
+        seen = 0
+        for kill in range(2):
+            def progressed(floor: int = seen) -> int | None:
+                cp = _checkpoint(pg, src, "in/big.csv")
+                return cp["next_record"] if cp and cp["next_record"] > floor + 20_000 else None
+
+            seen = await wait_for(progressed, 90, f"rows committed past {seen} (kill {kill + 1})", interval=0.01)
+            procs[-1].kill()
+            committed = _checkpoint(pg, src, "in/big.csv")
+            assert committed is not None and committed["next_record"] < rows, "the kill must land mid-file"
+            n = committed["next_record"]
+            assert _table_books(pg, table) == (n, n, n), f"kill {kill + 1}: the table is not the committed rows"
+            procs.append(worker_process(task_queue, tmp_path, f"w{kill + 1}", **env))
+            procs[-1].wait_ready()
+        result = await handle.result()
+        assert result.status == "succeeded", result
+        log = "".join(p.log() for p in procs)
+    finally:
+        for proc in procs:
+            proc.stop()
+    assert _table_books(pg, table) == (rows, rows, rows)
+    assert re.search(r"\(([1-9]\d{4,}) records read by the fast path\)", log), "the fast CSV path was not taken"
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["records_written"] == rows and entry["attempts"] >= 3 and entry["resumed_from_record"] > 0
 
 
 async def test_json_values_map_to_columns_exactly(
@@ -397,18 +464,21 @@ async def test_exactly_once_into_the_table_across_a_sigterm_hand_off(
 
 
 def test_fast_csv_copy_leaves_the_rows_and_rejects_of_the_exact_path(
-    s3: Any, buckets: tuple[str, str], pg: PostgresServer, caplog: pytest.LogCaptureFixture
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``passthrough`` into a table in insert mode: the fast path gives the database the file's own CSV
     rows (one CSV ``COPY`` a chunk). Against the exact path on the same file: the same rows in the table
     (an unquoted empty field is '' either way, never NULL), the same rejects (the parser's, and the rows
-    the database refuses, found by reading the CSV back) and the same counts."""
+    the database refuses, found by reading the CSV back) and the same counts; also with each chunk's
+    transaction written behind (while the next chunk is read), where every 1,000th row is refused."""
     src, out = buckets
     s3.put_object(Bucket=src, Key="in/messy.csv", Body=messy_csv(12_000, bad_amounts=True))
     head = s3.head_object(Bucket=src, Key="in/messy.csv")
     obj = ObjectRef(key="in/messy.csv", etag=head["ETag"].strip('"'), size=head["ContentLength"])
     tables = {}
-    for fast in (False, True):
+    for fast, behind in ((False, False), (True, False), (True, True)):
+        monkeypatch.setattr(file_setup, "BEHIND_MIN_BYTES", 0 if behind else 1 << 40)
         name = f"messy_{'fast' if fast else 'exact'}_{uuid.uuid4().hex[:6]}"
         pg.execute(f"CREATE TABLE public.{name} (id integer, email text, name text NOT NULL, amount numeric)")
         req = ProcessFileInput(
@@ -426,9 +496,12 @@ def test_fast_csv_copy_leaves_the_rows_and_rejects_of_the_exact_path(
         bodies = {o["Key"].rsplit("/", 1)[1]: s3.get_object(Bucket=out, Key=o["Key"])["Body"].read() for o in listed}
         rejects = {k: v.replace(name.encode(), b"T") for k, v in bodies.items()}  # the reasons name the table
         rows = pg.execute(f"SELECT id, email, name, amount::text FROM public.{name} ORDER BY id, email")
-        tables[fast] = (result.model_dump(include={"records", "records_written", "rejected", "chunks"}), rejects, rows)
-    assert tables[True] == tables[False]
-    counts, rejects, rows = tables[True]
+        tables[fast, behind] = (
+            result.model_dump(include={"records", "records_written", "rejected", "chunks"}), rejects, rows
+        )
+    assert tables[True, False] == tables[False, False]
+    assert tables[True, True] == tables[False, False]
+    counts, rejects, rows = tables[True, True]
     assert counts["rejected"] >= 12 + 3  # 12 amounts the database refuses, the damaged rows the parser rejects
     assert len(rows) == counts["records_written"] and counts["records_written"] > 11_000
     assert all(name for _, _, name, _ in rows)

@@ -15,6 +15,14 @@ name and converted by the database. A row the database refuses (a bad date, a NU
 column, a duplicate key in ``insert`` mode) becomes a reject with the database's reason and the
 source line: the chunk's write is retried in halves, each in a savepoint, down to the rows refused,
 so the good rows keep ``COPY``'s speed. Rejects go to the S3 rejects files, as with the other sinks.
+In insert mode a chunk is first written at once, every ``COPY`` straight in the transaction; only
+when the database refuses a row is it rolled back and written again that way.
+
+For a big file, a chunk's transaction runs while the chunk loop reads the next chunk (``WriteBehind``,
+at most one in flight): the database parses and indexes one chunk while the worker parses the next.
+Its checkpoint is heartbeated only once the transaction committed; the next chunk's transaction
+starts from the checkpoint the database holds (:func:`carried_over`), so a kill at any point still
+leaves each chunk committed once, with its checkpoint, or not at all.
 
 The job names a connection; its DSN comes from the worker's environment (``Settings.postgres_dsn``)
 and never enters the job's history or heartbeats. One pool per connection name per worker
@@ -78,6 +86,13 @@ class PostgresOutput:
         self._row_key = (self.target, bucket, output.key)
 
     @property
+    def writes_behind(self) -> bool:
+        """Whether a chunk's transaction may run while the chunk loop reads the next chunk (``WriteBehind``):
+        the checkpoint is heartbeated only once the transaction committed, and the next one starts from the
+        checkpoint it committed (:func:`carried_over`)."""
+        return True
+
+    @property
     def takes_csv(self) -> bool:
         """Whether the chunk loop may give rows as the file's own CSV (``commit(csv=...)``): in insert mode
         (upsert keeps the last row of a key, so its rows keep their order through one path)."""
@@ -117,38 +132,89 @@ class PostgresOutput:
         values = decoded(output)
         named = [*values, dict.fromkeys(csv.names)] if csv is not None and len(csv) else values
         columns = self._columns_of(named)
-        rows = _tuples(values, columns)
-        lines = list(lines)
         try:
-            with self.pool.connection() as conn, conn.transaction():
-                self._lock(conn, cp)
-                refused = self._write(conn, columns, rows)
-                if csv is not None and len(csv) and not self._copy_csv(conn, csv):
-                    more = csv_values(csv)
-                    base = len(values)
-                    refused += [(base + i, err) for i, err in self._write(conn, columns, _tuples(more, columns))]
-                    values += more
-                    lines += csv.lines
-                if refused:
-                    new = self._with_refused(new, refused, values, lines, rejects)
-                self.output.write_rejects(cp.chunk, new, rejects)
-                self._advance(conn, new)
+            if self.spec.mode == "insert":
+                done = self._commit_at_once(cp, new, columns, values, csv, rejects)
+                if done is not None:
+                    return done
+            return self._commit_row_by_row(cp, new, columns, values, list(lines), csv, rejects)
         except (psycopg.Error, PoolTimeout) as err:
             raise database_error(err, "writing", self.spec) from None
+
+    def _commit_at_once(
+        self,
+        cp: Checkpoint,
+        new: Checkpoint,
+        columns: list[str],
+        values: list[Any],
+        csv: CsvRows | None,
+        rejects: list[tuple[int, bytes]],
+    ) -> Checkpoint | None:
+        """The chunk's transaction when the database takes every row (the common case, in insert mode): each
+        ``COPY`` straight in the transaction, no savepoints. None when it refused a row: the transaction rolled
+        back, nothing of the chunk is written, and :meth:`_commit_row_by_row` finds the rows refused."""
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                new = carried_over(cp, new, self._lock(conn, cp))
+                if values:
+                    _copy(conn, self._copy_statement(columns), _tuples(values, columns))
+                if csv is not None and len(csv):
+                    self._copy_csv(conn, csv)
+                self.output.write_rejects(cp.chunk, new, rejects)
+                self._advance(conn, new)
+        except _REFUSED:
+            return None
         return new
 
-    def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows) -> bool:
-        """``COPY`` the CSV rows at once, in a savepoint; False when the database refused one of them."""
+    def _commit_row_by_row(
+        self,
+        cp: Checkpoint,
+        new: Checkpoint,
+        columns: list[str],
+        values: list[Any],
+        lines: list[int],
+        csv: CsvRows | None,
+        rejects: list[tuple[int, bytes]],
+    ) -> Checkpoint:
+        """The chunk's transaction where rows may be refused: the writes in savepoints, halved down to the rows
+        refused (``_bisect``), which become rejects."""
+        with self.pool.connection() as conn, conn.transaction():
+            new = carried_over(cp, new, self._lock(conn, cp))
+            refused = self._write(conn, columns, _tuples(values, columns))
+            if csv is not None and len(csv) and not self._copy_csv_refused(conn, csv):
+                more = csv_values(csv)
+                base = len(values)
+                refused += [(base + i, err) for i, err in self._write(conn, columns, _tuples(more, columns))]
+                values += more
+                lines += csv.lines
+            if refused:
+                new = self._with_refused(new, refused, values, lines, rejects)
+            self.output.write_rejects(cp.chunk, new, rejects)
+            self._advance(conn, new)
+        return new
+
+    def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows) -> None:
+        """``COPY`` the CSV rows at once (raises what the database raises for a row it refuses)."""
         names = sql.SQL(", ").join(map(sql.Identifier, csv.names))
         statement = sql.SQL(
             "COPY {} ({}) FROM STDIN WITH (FORMAT csv, DELIMITER {}, QUOTE {}, FORCE_NOT_NULL ({}))"
         ).format(self._table, names, sql.Literal(csv.delimiter), sql.Literal(csv.quote), names)
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            for piece in csv.blocks():  # an unquoted empty field is '' as in the JSON path, never NULL
+                copy.write(piece)
+
+    def _copy_csv_refused(self, conn: psycopg.Connection[Any], csv: CsvRows) -> bool:
+        """:meth:`_copy_csv` in a savepoint; False when the database refused one of the rows."""
         try:
-            with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
-                copy.write(csv.data)  # an unquoted empty field is '' as in the JSON path, never NULL
+            with conn.transaction():
+                self._copy_csv(conn, csv)
         except _REFUSED:
             return False
         return True
+
+    def _copy_statement(self, columns: list[str]) -> sql.Composed:
+        names = sql.SQL(", ").join(map(sql.Identifier, columns))
+        return sql.SQL("COPY {} ({}) FROM STDIN").format(self._table, names)
 
     def _columns_of(self, values: list[Any]) -> list[str]:
         """The columns the chunk's outputs name (in the table's order); each must exist."""
@@ -172,22 +238,22 @@ class PostgresOutput:
                 )
         return [c for c in self.columns if c in named]
 
-    def _lock(self, conn: psycopg.Connection[Any], cp: Checkpoint) -> None:
-        """Lock the file's checkpoint row; fail (``SinkError``) unless it is at ``cp`` (another attempt
-        committed past it: this one must not write the chunk again)."""
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, next_record, "
-                "done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') ON CONFLICT DO NOTHING"
-            ).format(self._checkpoints),
-            (*self._row_key, self.job_id),
-        )
-        row = conn.execute(
-            sql.SQL(
-                "SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s FOR UPDATE"
-            ).format(self._checkpoints),
-            self._row_key,
-        ).fetchone()
+    def _lock(self, conn: psycopg.Connection[Any], cp: Checkpoint) -> Checkpoint | None:
+        """Lock the file's checkpoint row and return the checkpoint it holds; fail (``SinkError``) unless it
+        is at ``cp`` (another attempt committed past it: this one must not write the chunk again)."""
+        select = sql.SQL(
+            "SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s FOR UPDATE"
+        ).format(self._checkpoints)
+        row = conn.execute(select, self._row_key).fetchone()
+        if row is None:  # the file's first chunk (of any version): its row is created, then locked
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, next_record, "
+                    "done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') ON CONFLICT DO NOTHING"
+                ).format(self._checkpoints),
+                (*self._row_key, self.job_id),
+            )
+            row = conn.execute(select, self._row_key).fetchone()
         stored = Checkpoint.model_validate(row[0]) if row is not None and row[0] is not None else None
         ours = stored is not None and self.is_ours(stored)
         expected = (not ours) if cp.chunk == 0 else (ours and stored is not None and stored.chunk == cp.chunk)
@@ -198,6 +264,7 @@ class PostgresOutput:
                 "where this attempt is: another attempt committed it (a worker presumed dead); this one stops "
                 "without writing, and the file resumes from the database's checkpoint"
             )
+        return stored
 
     def _advance(self, conn: psycopg.Connection[Any], new: Checkpoint) -> None:
         conn.execute(
@@ -226,11 +293,10 @@ class PostgresOutput:
         """Write ``rows``; return the ones the database refused, as ``(index, error)``."""
         if not rows:
             return []
-        names = sql.SQL(", ").join(map(sql.Identifier, columns))
         if self.spec.mode == "insert":
-            copy = sql.SQL("COPY {} ({}) FROM STDIN").format(self._table, names)
+            copy = self._copy_statement(columns)
             return _bisect(conn, len(rows), lambda lo, hi: _copy(conn, copy, rows[lo:hi]))
-        return self._upsert(conn, columns, names, rows)
+        return self._upsert(conn, columns, sql.SQL(", ").join(map(sql.Identifier, columns)), rows)
 
     def _upsert(
         self, conn: psycopg.Connection[Any], columns: list[str], names: sql.Composable, rows: list[tuple[Any, ...]]
@@ -307,6 +373,29 @@ class PostgresOutput:
                 continue
             found.append(name)
         return sorted(found)
+
+
+def carried_over(cp: Checkpoint, new: Checkpoint, stored: Checkpoint | None) -> Checkpoint:
+    """``new`` (the chunk loop's checkpoint after ``cp``) with what the sink added to ``cp`` when it committed
+    it (``stored``, at the same chunk): the rows the database refused, counted as rejects. Written one chunk
+    behind (``WriteBehind``), the loop built ``new`` on ``cp`` before that commit ended; written at once it
+    had the committed one, and nothing differs. The reasons added since ``cp`` are merged into the stored
+    ones (exact unless the file has more distinct reasons than a tally keeps: see ``rejects.merge``)."""
+    if stored is None or not cp.chunk or (stored.records_written, stored.rejected, stored.reject_reasons) == (
+        cp.records_written,
+        cp.rejected,
+        cp.reject_reasons,
+    ):
+        return new
+    added = Counter({str(reason): int(n) for reason, n in new.reject_reasons})
+    added.subtract({str(reason): int(n) for reason, n in cp.reject_reasons})
+    return new.model_copy(
+        update={
+            "records_written": new.records_written + stored.records_written - cp.records_written,
+            "rejected": new.rejected + stored.rejected - cp.rejected,
+            "reject_reasons": merge(stored.reject_reasons, +added),
+        }
+    )
 
 
 def _tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
