@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from s3batch.activities import file_setup
 from s3batch.activities.s3_activities import S3Activities
@@ -254,3 +254,36 @@ def test_the_default_split_bytes_is_left_out_of_the_input_as_written() -> None:
     assert S3BatchInput(**base).split_bytes == DEFAULT_SPLIT_BYTES
     assert S3BatchInput(**base, split_bytes=None).model_dump()["split_bytes"] is None
     assert S3BatchInput(**base, split_bytes=65536).model_dump()["split_bytes"] == 65536
+
+
+_FIELD = st.text(alphabet=st.sampled_from(list('ab,"\n\r x')), max_size=6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.lists(_FIELD, min_size=2, max_size=2), min_size=1, max_size=40), count=st.integers(2, 6))
+def test_any_csv_split_anywhere_reads_like_the_whole_file_or_fails_loudly(
+    s3: Any, buckets: tuple[str, str], rows: list[list[str]], count: int
+) -> None:
+    """Quoted fields holding line breaks, CRs, quotes and commas anywhere: the splits either give exactly
+    what the whole file gives, or one of them fails the file (BadFile) - never a different output."""
+    import csv
+    import io
+
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows([["k", "v"], *rows])
+    data = text.getvalue().encode()
+    obj = upload(s3, buckets[0], f"prop/{abs(hash((data, count)))}.csv", data)
+    out = buckets[1]
+    whole = run(s3, request(buckets, obj, "whole/", chunk_records=3))
+    results, failures = [], []
+    for r in nominal(obj.size, count):
+        try:
+            results.append(run(s3, request(buckets, obj, "split/", split=r, chunk_records=3)))
+        except ApplicationError as err:
+            failures.append(err)
+    event("a split failed" if failures else "read like the whole file")
+    if failures:
+        assert all(f.type == "BadFile" and "crosses the boundary" in f.message for f in failures)
+        return
+    assert sum(r.records for r in results) == whole.records
+    assert outputs(s3, out, "split/", obj.key)[:2] == outputs(s3, out, "whole/", obj.key)[:2]
