@@ -11,9 +11,9 @@ bytes alone (so the two splits sharing a boundary find the same one, with no wor
 A split takes the records that start before its end boundary: its parser stops as soon as its offset
 reaches it, which for JSON Lines is exactly there (every record ends with its line), and for CSV too unless a
 quoted field holds the line break there. Then the record read last ends past the boundary, where the next
-split started reading mid-record: the split fails the file (:class:`SplitBoundary`, not retried) rather
-than let two splits read that record two ways. Blank lines are never a boundary's last line, so a split never
-skips blank lines into its neighbour's first record.
+split started reading mid-record: the split fails (:class:`SplitBoundary`, not retried) rather than let
+two splits read that record two ways, and the workflow processes the file whole instead. Blank lines are
+never a boundary's last line, so a split never skips blank lines into its neighbour's first record.
 
 A split after the first starts its line count where it begins: it counts the line breaks before its start
 (one streamed read of the file up to there, no parsing), so its rejects and records carry the file's own line
@@ -23,10 +23,10 @@ numbers, the same as when the file is read whole.
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from s3batch.checkpoint import FileOutput
-from s3batch.errors import BadFile
+from s3batch.errors import SPLIT_BOUNDARY, BadFile
 from s3batch.s3io import open_object
 
 if TYPE_CHECKING:
@@ -42,7 +42,11 @@ _BLANK = b" \t\r\n\f\v"
 
 class SplitBoundary(BadFile):
     """A record crosses the boundary of two splits of a file (a quoted CSV field holding a line break
-    there): the file cannot be split at that point."""
+    there): the file cannot be split at that point. Its details say so (``SPLIT_BOUNDARY``): the workflow
+    then processes the file whole."""
+
+    def file_counts(self) -> dict[str, Any]:
+        return {SPLIT_BOUNDARY: True}
 
 
 class SplitSource:
@@ -144,8 +148,8 @@ def split_boundary_error(where: str, index: int, count: int, boundary: int, offs
     return SplitBoundary(
         f"{where}: split {index + 1} of {count} ends at byte {boundary}, but its last record ends at byte "
         f"{offset}: a record crosses the boundary (a quoted CSV field holds a line break there), so the file "
-        "cannot be split there. Nothing was reported as done for this file; process it again with "
-        '"split_bytes": null (read whole, on one worker).'
+        "cannot be split there; the file is processed whole instead (a job sets \"split_bytes\": null to "
+        "never split)."
     )
 
 

@@ -89,6 +89,11 @@ class SinkInvalid(InvalidInput):
     """The job's sink cannot work on this worker: a connection it lacks, a missing table or columns."""
 
 
+SPLIT_BOUNDARY = "split_boundary"
+"""Key of a failure's details that says a split of a big file could not be cut there (``SplitBoundary``):
+the workflow processes that file whole."""
+
+
 class BadFile(S3BatchError):
     """The file cannot be read as its format (corrupt gzip, an unreadable header, a non-JSON output)."""
 

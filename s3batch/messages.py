@@ -110,13 +110,16 @@ class JobState(_Model):
     kept: list[str] | None = None
     """Handed-over files whose last leg committed no chunk: they are not handed over again, but run
     to their end in their run. None: none (and left out of the state)."""
+    whole: list[str] | None = None
+    """Files over ``split_bytes`` that could not be split (a quoted CSV line break where a split began):
+    processed whole instead. A file leaves it when its result is recorded; None: none (and left out)."""
 
     @model_serializer(mode="wrap")
     def _omit_no_warnings(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _OPTIONAL_STATE)
 
 
-_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept"})
+_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept", "whole"})
 
 
 class JobCheck(_Model):

@@ -160,8 +160,7 @@ class S3BatchInput(BaseModel):
     """An uncompressed CSV or JSON Lines file larger than this (written to S3 parts) is processed as
     byte-range splits of about this size, each its own resumable activity, at most one per free slot of
     ``max_concurrent_files`` and at most 100 (None: never split). A CSV file whose quoted field holds a
-    line break where a split begins fails (``SplitBoundary``) rather than be read wrong: process such a
-    file with ``split_bytes`` null."""
+    line break where a split begins is processed whole instead (never read wrong), with a warning."""
     group_max_files: int = Field(100, ge=1, le=1_000)
     """Small objects are processed several per activity, up to this many (1 disables grouping)."""
     group_max_bytes: int = Field(4 * 1024 * 1024, ge=0)

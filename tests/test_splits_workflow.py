@@ -1,7 +1,7 @@
 """Big files in byte-range splits, end to end on the real stack: the workflow cuts a file over
 ``split_bytes`` into one activity per free slot, records one report entry for it, survives a SIGKILL of
-the worker running a split, stops the splits on a cancel, and fails a file it cannot split rather than
-read it wrong. (The splits' boundaries and resume, activity by activity: tests/test_splits.py.)"""
+the worker running a split, stops the splits on a cancel, and processes whole a file it cannot split
+rather than read it wrong. (The splits' boundaries and resume, activity by activity: tests/test_splits.py.)"""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 from s3batch import client as api
+from s3batch import layout
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
@@ -23,7 +24,7 @@ from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv
 from tests.helpers.history import history_events, scheduled_activities
 from tests.helpers.jobs import SLOW_HEARTBEAT_TIMEOUT
-from tests.helpers.output import report
+from tests.helpers.output import read_jsonl, report
 from tests.helpers.workers import worker_process
 
 
@@ -71,19 +72,25 @@ async def test_a_big_file_runs_in_splits_at_once(
     assert scheduled.count("s3batch.process_file") == 5, scheduled
 
 
-async def test_a_file_split_where_a_quoted_field_holds_a_line_break_fails_loudly(
+async def test_a_file_that_cannot_be_split_is_processed_whole(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
 ) -> None:
+    """A quoted line break where a split begins: that split fails (never a record read two ways), the
+    others stop, and the file is processed whole instead, with a warning; its split parts are removed."""
     src, out = buckets
-    body = "id,note\n" + "".join(f'{i},"one\ntwo {i}"\n' for i in range(20_000))
+    rows = [(i, f"one\ntwo {i}") for i in range(20_000)]
+    body = "id,note\n" + "".join(f'{i},"{note}"\n' for i, note in rows)
     s3.put_object(Bucket=src, Key="quoted.csv", Body=body.encode())
-    with pytest.raises(WorkflowFailureError):
-        await client.execute_workflow(
-            S3BatchWorkflow.run, job(src, out), id=f"quoted-{uuid.uuid4().hex[:8]}", task_queue=task_queue
-        )
+    result = await client.execute_workflow(
+        S3BatchWorkflow.run, job(src, out), id=f"quoted-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+    )
+    assert result.status == "succeeded" and result.totals.records_written == len(rows)
     entry = report(s3, out)["files"][0]
-    assert entry["status"] == "failed"
-    assert "crosses the boundary" in entry["error"] and '"split_bytes": null' in entry["error"]
+    assert entry["status"] == "succeeded" and "splits" not in entry
+    assert any("processed whole, not in splits" in w for w in entry["warnings"])
+    assert [(int(r["id"]), r["note"]) for r in read_jsonl(s3, out, "o/quoted.csv/")] == rows
+    names = [o["Key"].split("/")[-1] for o in s3.list_objects_v2(Bucket=out, Prefix="o/quoted.csv/")["Contents"]]
+    assert all(layout.output_kind(n) is not None for n in names), names  # no split's part left
 
 
 async def test_a_cancelled_job_stops_every_split(

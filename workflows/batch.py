@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
         run_is_full,
         start_file_activity,
     )
-    from s3batch.workflows.splits import merged, run_splits, split_count
+    from s3batch.workflows.splits import run_splits, split_count, split_outcome
     from s3batch.workflows.status import SearchIndex, details, job_progress, source_of
 
     from s3batch import search_attributes as sa
@@ -186,7 +186,7 @@ class S3BatchWorkflow:
     def _start_next(self, limit: int) -> int:
         """Start the activity of the next file (or group of small files); returns how many files."""
         group = next_group(self._state, self._spec, limit)
-        splits = split_count(self._spec, group[0], self._limit() - self._active) if len(group) == 1 else 1
+        splits = split_count(self._spec, self._state, group[0], self._limit() - self._active) if len(group) == 1 else 1
         if splits > 1 and not workflow.patched(SPLIT_BIG_FILES):
             splits = 1
         for obj in group:
@@ -331,9 +331,9 @@ class S3BatchWorkflow:
         spec = self._spec
         results, error = await run_splits(spec, obj, count, self._ending)
         try:
-            stopped = self._ending()
-            failed = error and self._books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=False)
-            self._books.record_group([obj], failed or [merged(spec, obj, results)], spec.bucket)
+            outcome = split_outcome(self._books, spec, obj, (results, error), stopped=self._ending())
+            if outcome is not None:  # else put back, to be processed whole
+                self._books.record_group([obj], outcome, spec.bucket)
         except ApplicationError as err:
             self._fatal = err  # raised by the scheduling loop
         finally:

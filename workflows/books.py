@@ -17,6 +17,12 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.messages import FileResult, JobState, ListObjectsResult, ObjectRef
     from s3batch.rejects import counts_of, with_job_warnings
 
+WHOLE_WARNING = (
+    "processed whole, not in splits: a quoted field holds a line break where a split would begin "
+    '(set "split_bytes": null to never split)'
+)
+"""The warning of a file over ``split_bytes`` that could not be split and was processed whole."""
+
 
 class Books:
     """The books of one run.
@@ -68,6 +74,9 @@ class Books:
             )
 
     def record(self, result: FileResult) -> None:
+        if self.state.whole and result.key in self.state.whole:  # over split_bytes, but processed whole
+            self.state.whole = [k for k in self.state.whole if k != result.key] or None
+            result = result.model_copy(update={"warnings": [*(result.warnings or []), WHOLE_WARNING]})
         totals = self.state.totals
         if result.status == "succeeded":
             totals.files_succeeded += 1

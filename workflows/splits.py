@@ -16,29 +16,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.books import cancelled_result, completed_anyway
+    from s3batch.workflows.books import Books, cancelled_result, completed_anyway
     from s3batch.workflows.schedule import start_split_activity
 
     from s3batch import layout
-    from s3batch.errors import UnknownFormatError
+    from s3batch.errors import SPLIT_BOUNDARY, UnknownFormatError
     from s3batch.formats import resolve_format
-    from s3batch.messages import FileResult, ObjectRef, ReasonCount, SplitRange
+    from s3batch.messages import FileResult, JobState, ObjectRef, ReasonCount, SplitRange
     from s3batch.models import S3BatchInput
     from s3batch.rejects import MAX_REASONS, FileLimits, crossed, describe_reasons, ratio, warnings_of
 
 _UTF8 = (None, "utf-8", "utf8", "utf_8")
 
+Ended = tuple[list[FileResult], ActivityError | None]
+"""How a file's splits ended: their results, and the first failure (:func:`run_splits`)."""
 
-def split_count(spec: S3BatchInput, obj: ObjectRef, free: int) -> int:
+
+def split_count(spec: S3BatchInput, st: JobState, obj: ObjectRef, free: int) -> int:
     """How many splits ``obj`` is processed in (1: whole), with ``free`` slots to run them in."""
     limit = spec.split_bytes
-    if limit is None or obj.size <= limit or free < 2:
+    if limit is None or obj.size <= limit or free < 2 or obj.key in (st.whole or ()):
         return 1
     if spec.sink is not None and spec.sink.type != "s3":
         return 1  # a table: one checkpoint row per file
@@ -106,9 +109,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
     return result.model_copy(update={"status": "failed", "error": error})
 
 
-async def run_splits(
-    spec: S3BatchInput, obj: ObjectRef, count: int, ending: Callable[[], bool]
-) -> tuple[list[FileResult], ActivityError | None]:
+async def run_splits(spec: S3BatchInput, obj: ObjectRef, count: int, ending: Callable[[], bool]) -> Ended:
     """Start the ``count`` splits of ``obj`` and wait for them all; on the first that fails (or a cancel of
     the job: ``ending``), stop the others at their next chunk boundary. Returns their results (a split
     stopped without one counts as cancelled, with nothing committed) and the failure of the first split
@@ -136,3 +137,31 @@ async def run_splits(
         else:
             error = error or exc
     return results, error
+
+
+def cannot_split(error: ActivityError) -> bool:
+    """Whether a split failed because the file cannot be split where it began (``SplitBoundary``)."""
+    details: Sequence[object] = getattr(error.cause, "details", None) or ()
+    return bool(details) and isinstance(details[0], dict) and details[0].get(SPLIT_BOUNDARY) is True
+
+
+def split_outcome(
+    books: Books, spec: S3BatchInput, obj: ObjectRef, ended: Ended, *, stopped: bool
+) -> list[FileResult] | None:
+    """The result to record for a file whose splits ended (``ended``: :func:`run_splits`'s); None when it
+    could not be split and was put back to be processed whole (:func:`process_whole`)."""
+    results, error = ended
+    if error is None:
+        return [merged(spec, obj, results)]
+    if cannot_split(error) and not stopped:
+        process_whole(books.state, obj)
+        return None
+    return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=False)
+
+
+def process_whole(st: JobState, obj: ObjectRef) -> None:
+    """Put ``obj``, which could not be split, back at the front of the pending files, to run whole."""
+    workflow.logger.warning("%s cannot be split (a quoted line break at a split boundary): processed whole", obj.key)
+    st.whole = [*(st.whole or []), obj.key]
+    st.pending.insert(0, obj)
+
