@@ -37,6 +37,7 @@ from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from s3batch.sinks.postgres import PostgresOutput
 from s3batch.sinks.postgres_pools import PostgresPools
+from s3batch.sinks.rows import CsvRows
 from s3batch.sinks.spec import PostgresSink
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_invalid_input
@@ -505,6 +506,63 @@ def test_fast_csv_copy_leaves_the_rows_and_rejects_of_the_exact_path(
     assert counts["rejected"] >= 12 + 3  # 12 amounts the database refuses, the damaged rows the parser rejects
     assert len(rows) == counts["records_written"] and counts["records_written"] > 11_000
     assert all(name for _, _, name, _ in rows)
+
+
+def test_a_chunks_json_rows_join_its_csv_copy_with_the_values_of_the_json_path(
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer
+) -> None:
+    """A chunk of the CSV route also holds outputs of the JSON path (its first record, read alone): written in
+    the same CSV ``COPY`` (each field quoted, with the rows' own line end) when they are strings of exactly the
+    CSV's columns, they land as the JSON path writes them (quotes, delimiters, line breaks, '' not NULL);
+    others (a None, another column) keep their own ``COPY``. The checkpoint advances in the same transaction
+    (one statement, where it is exactly where the chunk started)."""
+    src, out = buckets
+    name = f"mixed_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{name} (id integer PRIMARY KEY, name text, note text)")
+    pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}))
+    spec = PostgresSink(type="postgres", connection="test", table=name)
+    folder = FileOutput(
+        s3, bucket=out, output_prefix="o/", key="in/m.csv", etag="e1", fingerprint="f", secret=None,
+        put_params={}, log_extra={},
+    )
+    sink = PostgresOutput(spec, folder, pools, job_id="j", bucket=src, where=f"s3://{src}/in/m.csv")
+    tricky = ['q"uo,te', "two\r\nlines", "", "back\\slash", "\\.", "é漢"]
+    try:
+        cp = Checkpoint(etag="e1", fingerprint="f")
+        for chunk, first in enumerate([
+            {"id": "0", "name": tricky[0], "note": tricky[1]},  # joins the CSV COPY
+            {"id": "10", "name": None, "note": tricky[2]},  # a None (NULL): its own COPY
+            {"id": "20", "name": tricky[3], "note": tricky[4]},
+            {"id": "30", "name": tricky[5], "note": tricky[2]},
+        ]):
+            rows = CsvRows(["id", "name", "note"], ",", '"')
+            base = 10 * chunk
+            rows.add([f'{base + 1},"a, {chunk}",\r\n{base + 2},b,x\r\n'.encode()])
+            rows.lines += [3, 4]
+            new = cp.model_copy(update={"chunk": chunk + 1, "next_record": cp.next_record + 3,
+                                        "records_written": cp.records_written + 3})
+            assert (rows.encode([first]) is None) == (first["name"] is None)
+            cp = sink.commit(cp, new, [encode_json(first)], [], [2], csv=rows)
+            assert cp == new and _checkpoint(pg, src, "in/m.csv") == json.loads(new.model_dump_json())
+        got = pg.execute(f"SELECT id, name, note FROM public.{name} WHERE id %% 10 = 0 ORDER BY id", ())
+        assert got == [(0, tricky[0], tricky[1]), (10, None, ""), (20, tricky[3], tricky[4]), (30, tricky[5], "")]
+        assert pg.execute(f"SELECT count(*), count(name) FROM public.{name}") == [(12, 11)]
+        assert pg.execute(f"SELECT note FROM public.{name} WHERE id = 1") == [("",)]  # unquoted empty: '', never NULL
+    finally:
+        pools.close()
+
+
+def test_csv_rows_encode_only_strings_of_exactly_their_columns() -> None:
+    rows = CsvRows(["a", "b"], ";", "'")
+    rows.add([b"1;x\r\n"])
+    assert rows.line_end == b"\r\n"
+    assert rows.encode([{"b": "it's", "a": "p;q\n"}]) == b"'p;q\n';'it''s'\r\n"
+    assert rows.encode([{"a": "1"}]) is None  # a column missing: NULL in the JSON path
+    assert rows.encode([{"a": "1", "b": "2", "c": "3"}]) is None  # another column
+    assert rows.encode([{"a": 1, "b": "2"}]) is None  # not a string
+    assert rows.encode([]) is None
+    rows.add([b"2;last"])  # the object's last row, without a line end: it gets the rows' own
+    assert rows.pieces[-1] == b"2;last\r\n"
 
 
 def test_fill_cancelled_reads_a_tables_committed_checkpoint_from_the_database(

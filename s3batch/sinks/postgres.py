@@ -31,11 +31,9 @@ and never enters the job's history or heartbeats. One pool per connection name p
 
 from __future__ import annotations
 
-import csv as _csv
 import hashlib
-import io
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -47,12 +45,19 @@ from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
-from s3batch.sinks.postgres_pools import PostgresPools, checkpoint_table, database_error, stored_checkpoints, target_of
-from s3batch.sinks.rows import CsvRows, decoded, field_names
+from s3batch.sinks.postgres_pools import (
+    REFUSED,
+    PostgresPools,
+    bisect_refused,
+    carried_over,
+    checkpoint_table,
+    copy_rows,
+    database_error,
+    stored_checkpoints,
+    target_of,
+)
+from s3batch.sinks.rows import CsvRows, decoded, field_names, tuples
 from s3batch.sinks.spec import PostgresSink
-
-_REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
-"""What the database raises for a row it refuses (SQLSTATE classes 22 and 23): such rows are rejects."""
 
 
 class PostgresOutput:
@@ -153,16 +158,22 @@ class PostgresOutput:
         """The chunk's transaction when the database takes every row (the common case, in insert mode): each
         ``COPY`` straight in the transaction, no savepoints. None when it refused a row: the transaction rolled
         back, nothing of the chunk is written, and :meth:`_commit_row_by_row` finds the rows refused."""
+        head = csv.encode(values) if csv is not None and len(csv) else None  # one COPY for all of the chunk
         try:
             with self.pool.connection() as conn, conn.transaction():
-                new = carried_over(cp, new, self._lock(conn, cp))
-                if values:
-                    _copy(conn, self._copy_statement(columns), _tuples(values, columns))
+                # The checkpoint advanced first where the database holds exactly ``cp`` (one statement locks,
+                # checks and advances it); else locked, checked and carried over, then advanced.
+                advanced = cp.chunk > 0 and self._advance(conn, new, at=cp)
+                if not advanced:
+                    new = carried_over(cp, new, self._lock(conn, cp))
+                if values and head is None:
+                    copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
                 if csv is not None and len(csv):
-                    self._copy_csv(conn, csv)
+                    self._copy_csv(conn, csv, head or b"")
                 self.output.write_rejects(cp.chunk, new, rejects)
-                self._advance(conn, new)
-        except _REFUSED:
+                if not advanced:
+                    self._advance(conn, new)
+        except REFUSED:
             return None
         return new
 
@@ -177,14 +188,14 @@ class PostgresOutput:
         rejects: list[tuple[int, bytes]],
     ) -> Checkpoint:
         """The chunk's transaction where rows may be refused: the writes in savepoints, halved down to the rows
-        refused (``_bisect``), which become rejects."""
+        refused (``bisect_refused``), which become rejects."""
         with self.pool.connection() as conn, conn.transaction():
             new = carried_over(cp, new, self._lock(conn, cp))
-            refused = self._write(conn, columns, _tuples(values, columns))
+            refused = self._write(conn, columns, tuples(values, columns))
             if csv is not None and len(csv) and not self._copy_csv_refused(conn, csv):
-                more = csv_values(csv)
+                more = csv.values()
                 base = len(values)
-                refused += [(base + i, err) for i, err in self._write(conn, columns, _tuples(more, columns))]
+                refused += [(base + i, err) for i, err in self._write(conn, columns, tuples(more, columns))]
                 values += more
                 lines += csv.lines
             if refused:
@@ -193,13 +204,16 @@ class PostgresOutput:
             self._advance(conn, new)
         return new
 
-    def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows) -> None:
-        """``COPY`` the CSV rows at once (raises what the database raises for a row it refuses)."""
+    def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows, head: bytes = b"") -> None:
+        """``COPY`` the CSV rows (after ``head``, more rows in the same CSV) at once; raises what the database
+        raises for a row it refuses."""
         names = sql.SQL(", ").join(map(sql.Identifier, csv.names))
         statement = sql.SQL(
             "COPY {} ({}) FROM STDIN WITH (FORMAT csv, DELIMITER {}, QUOTE {}, FORCE_NOT_NULL ({}))"
         ).format(self._table, names, sql.Literal(csv.delimiter), sql.Literal(csv.quote), names)
         with conn.cursor() as cur, cur.copy(statement) as copy:
+            if head:
+                copy.write(head)
             for piece in csv.blocks():  # an unquoted empty field is '' as in the JSON path, never NULL
                 copy.write(piece)
 
@@ -208,7 +222,7 @@ class PostgresOutput:
         try:
             with conn.transaction():
                 self._copy_csv(conn, csv)
-        except _REFUSED:
+        except REFUSED:
             return False
         return True
 
@@ -266,12 +280,14 @@ class PostgresOutput:
             )
         return stored
 
-    def _advance(self, conn: psycopg.Connection[Any], new: Checkpoint) -> None:
-        conn.execute(
+    def _advance(self, conn: psycopg.Connection[Any], new: Checkpoint, at: Checkpoint | None = None) -> bool:
+        """Set the file's checkpoint to ``new`` (with ``at``: only where it is exactly ``at``); whether it was."""
+        condition = " AND chunk = %s AND checkpoint = %s::jsonb" if at is not None else ""
+        done = conn.execute(
             sql.SQL(
                 "UPDATE {} SET job_id = %s, etag = %s, version_id = %s, fingerprint = %s, chunk = %s, "
                 "next_record = %s, byte_offset = %s, done = %s, checkpoint = %s, updated_at = now() "
-                "WHERE target = %s AND source_bucket = %s AND source_key = %s"
+                "WHERE target = %s AND source_bucket = %s AND source_key = %s" + condition
             ).format(self._checkpoints),
             (
                 self.job_id,
@@ -284,8 +300,10 @@ class PostgresOutput:
                 new.done,
                 new.model_dump_json(),
                 *self._row_key,
+                *((at.chunk, at.model_dump_json()) if at is not None else ()),
             ),
         )
+        return done.rowcount == 1
 
     def _write(
         self, conn: psycopg.Connection[Any], columns: list[str], rows: list[tuple[Any, ...]]
@@ -295,7 +313,7 @@ class PostgresOutput:
             return []
         if self.spec.mode == "insert":
             copy = self._copy_statement(columns)
-            return _bisect(conn, len(rows), lambda lo, hi: _copy(conn, copy, rows[lo:hi]))
+            return bisect_refused(conn, len(rows), lambda lo, hi: copy_rows(conn, copy, rows[lo:hi]))
         return self._upsert(conn, columns, sql.SQL(", ").join(map(sql.Identifier, columns)), rows)
 
     def _upsert(
@@ -310,7 +328,7 @@ class PostgresOutput:
         )
         copy = sql.SQL("COPY {} ({}, s3batch_ord) FROM STDIN").format(stage, names)
         numbered = [(*row, i) for i, row in enumerate(rows)]
-        refused = _bisect(conn, len(rows), lambda lo, hi: _copy(conn, copy, numbered[lo:hi]))
+        refused = bisect_refused(conn, len(rows), lambda lo, hi: copy_rows(conn, copy, numbered[lo:hi]))
         keys = sql.SQL(", ").join(map(sql.Identifier, key))
         updates = [c for c in columns if c not in key]
         action = (
@@ -325,7 +343,8 @@ class PostgresOutput:
             "WHERE s3batch_ord >= %s AND s3batch_ord < %s ORDER BY {keys}, s3batch_ord DESC "
             "ON CONFLICT ({keys}) {action}"
         ).format(table=self._table, names=names, keys=keys, stage=stage, action=action)
-        refused += _bisect(conn, len(rows), lambda lo, hi: conn.execute(insert, (lo, hi)), skip={i for i, _ in refused})
+        before = {i for i, _ in refused}
+        refused += bisect_refused(conn, len(rows), lambda lo, hi: conn.execute(insert, (lo, hi)), skip=before)
         return sorted(refused, key=lambda r: r[0])
 
     def _with_refused(
@@ -373,72 +392,3 @@ class PostgresOutput:
                 continue
             found.append(name)
         return sorted(found)
-
-
-def carried_over(cp: Checkpoint, new: Checkpoint, stored: Checkpoint | None) -> Checkpoint:
-    """``new`` (the chunk loop's checkpoint after ``cp``) with what the sink added to ``cp`` when it committed
-    it (``stored``, at the same chunk): the rows the database refused, counted as rejects. Written one chunk
-    behind (``WriteBehind``), the loop built ``new`` on ``cp`` before that commit ended; written at once it
-    had the committed one, and nothing differs. The reasons added since ``cp`` are merged into the stored
-    ones (exact unless the file has more distinct reasons than a tally keeps: see ``rejects.merge``)."""
-    if stored is None or not cp.chunk or (stored.records_written, stored.rejected, stored.reject_reasons) == (
-        cp.records_written,
-        cp.rejected,
-        cp.reject_reasons,
-    ):
-        return new
-    added = Counter({str(reason): int(n) for reason, n in new.reject_reasons})
-    added.subtract({str(reason): int(n) for reason, n in cp.reject_reasons})
-    return new.model_copy(
-        update={
-            "records_written": new.records_written + stored.records_written - cp.records_written,
-            "rejected": new.rejected + stored.rejected - cp.rejected,
-            "reject_reasons": merge(stored.reject_reasons, +added),
-        }
-    )
-
-
-def _tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
-    return [tuple(map(v.get, columns)) for v in values]
-
-
-def csv_values(csv: CsvRows) -> list[dict[str, str]]:
-    """The CSV rows read back as ``{column: value}`` (as the exact parser reads canonical CSV)."""
-    text = csv.data.decode()
-    reader = _csv.reader(io.StringIO(text, newline=""), delimiter=csv.delimiter, quotechar=csv.quote, strict=True)
-    return [dict(zip(csv.names, row, strict=True)) for row in reader if row]
-
-
-def _copy(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequence[tuple[Any, ...]]) -> None:
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        write = copy.write_row
-        for row in rows:
-            write(row)
-
-
-def _bisect(
-    conn: psycopg.Connection[Any],
-    n: int,
-    attempt: Callable[[int, int], object],
-    skip: set[int] | frozenset[int] = frozenset(),
-) -> list[tuple[int, Exception]]:
-    """Run ``attempt(lo, hi)`` over ``0..n`` in a savepoint; where the database refuses a row, retry
-    the halves, down to the single rows refused (returned as ``(index, error)``). ``skip``: indices
-    already refused (a range of only those is not attempted)."""
-    refused: list[tuple[int, Exception]] = []
-    todo = [(0, n)]
-    while todo:
-        lo, hi = todo.pop()
-        if all(i in skip for i in range(lo, hi)):
-            continue
-        try:
-            with conn.transaction():
-                attempt(lo, hi)
-        except _REFUSED as err:
-            if hi - lo == 1:
-                refused.append((lo, err))
-                continue
-            mid = (lo + hi) // 2
-            todo.append((mid, hi))
-            todo.append((lo, mid))
-    return refused

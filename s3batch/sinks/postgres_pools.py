@@ -1,13 +1,16 @@
 """The PostgreSQL sink's connections: the worker's pools (one per connection name, its DSN from the
-worker's environment), the target table's columns, and the checkpoint table created next to it.
-See :mod:`s3batch.sinks.postgres` for the sink itself.
+worker's environment), the target table's columns, the checkpoint table created next to it (and
+reading its rows back); and the pieces of a chunk's write: ``COPY`` of rows, halving a write down to
+the rows the database refuses, and the checkpoint carried over from the one it committed. See
+:mod:`s3batch.sinks.postgres` for the sink itself.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -16,8 +19,10 @@ from psycopg.adapt import Dumper
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from s3batch.checkpoint import Checkpoint
 from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
+from s3batch.rejects import merge
 from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
@@ -257,3 +262,66 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     """Each pooled connection: JSON objects and arrays are given to ``COPY`` as JSON text."""
     conn.adapters.register_dumper(dict, _JsonText)
     conn.adapters.register_dumper(list, _JsonText)
+
+
+REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
+"""What the database raises for a row it refuses (SQLSTATE classes 22 and 23): such rows are rejects."""
+
+
+def copy_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequence[tuple[Any, ...]]) -> None:
+    """``COPY`` ``rows`` (tuples in the statement's columns' order) with one ``write_row`` each."""
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        write = copy.write_row
+        for row in rows:
+            write(row)
+
+
+def bisect_refused(
+    conn: psycopg.Connection[Any],
+    n: int,
+    attempt: Callable[[int, int], object],
+    skip: set[int] | frozenset[int] = frozenset(),
+) -> list[tuple[int, Exception]]:
+    """Run ``attempt(lo, hi)`` over ``0..n`` in a savepoint; where the database refuses a row, retry
+    the halves, down to the single rows refused (returned as ``(index, error)``). ``skip``: indices
+    already refused (a range of only those is not attempted)."""
+    refused: list[tuple[int, Exception]] = []
+    todo = [(0, n)]
+    while todo:
+        lo, hi = todo.pop()
+        if all(i in skip for i in range(lo, hi)):
+            continue
+        try:
+            with conn.transaction():
+                attempt(lo, hi)
+        except REFUSED as err:
+            if hi - lo == 1:
+                refused.append((lo, err))
+                continue
+            mid = (lo + hi) // 2
+            todo.append((mid, hi))
+            todo.append((lo, mid))
+    return refused
+
+
+def carried_over(cp: Checkpoint, new: Checkpoint, stored: Checkpoint | None) -> Checkpoint:
+    """``new`` (the chunk loop's checkpoint after ``cp``) with what the sink added to ``cp`` when it committed
+    it (``stored``, at the same chunk): the rows the database refused, counted as rejects. Written one chunk
+    behind (``WriteBehind``), the loop built ``new`` on ``cp`` before that commit ended; written at once it
+    had the committed one, and nothing differs. The reasons added since ``cp`` are merged into the stored
+    ones (exact unless the file has more distinct reasons than a tally keeps: see ``rejects.merge``)."""
+    if stored is None or not cp.chunk or (stored.records_written, stored.rejected, stored.reject_reasons) == (
+        cp.records_written,
+        cp.rejected,
+        cp.reject_reasons,
+    ):
+        return new
+    added = Counter({str(reason): int(n) for reason, n in new.reject_reasons})
+    added.subtract({str(reason): int(n) for reason, n in cp.reject_reasons})
+    return new.model_copy(
+        update={
+            "records_written": new.records_written + stored.records_written - cp.records_written,
+            "rejected": new.rejected + stored.rejected - cp.rejected,
+            "reject_reasons": merge(stored.reject_reasons, +added),
+        }
+    )

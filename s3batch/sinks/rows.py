@@ -3,6 +3,8 @@ rows kept as the file's own CSV (:class:`CsvRows`)."""
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +52,11 @@ def field_names(values: list[Any], where: str, sink: str) -> list[str]:
     return list(named)
 
 
+def tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
+    """Each output's values in ``columns``' order (None for a field it lacks)."""
+    return [tuple(map(v.get, columns)) for v in values]
+
+
 class CsvRows:
     """The rows of a chunk kept as the file's own CSV bytes (fast blocks, for a table's CSV ``COPY``)."""
 
@@ -67,12 +74,38 @@ class CsvRows:
 
     def add(self, pieces: list[bytes]) -> None:
         for piece in pieces:
-            # Only the object's last row can lack a line end; rows after it would join it.
-            self.pieces.append(piece if piece.endswith((b"\n", b"\r")) else piece + b"\n")
+            # Only the object's last row can lack a line end; rows after it would join it. It gets the line
+            # end of the rows before it: a COPY refuses a CSV whose line ends differ.
+            self.pieces.append(piece if piece.endswith((b"\n", b"\r")) else piece + self.line_end)
+
+    @property
+    def line_end(self) -> bytes:
+        """The line end of the rows (of the first one; ``\n`` before any)."""
+        first = self.pieces[0] if self.pieces else b"\n"
+        return b"\r\n" if first.endswith(b"\r\n") else first[-1:]
+
+    def encode(self, values: list[Any]) -> bytes | None:
+        """``values`` (outputs of the JSON path, e.g. a chunk's first record, read alone) as more rows of this
+        CSV, each field quoted (a quoted field is never NULL, as a string of the JSON path): when every one is
+        an object of exactly these columns, all strings; else None."""
+        if not values:
+            return None
+        names = set(self.names)
+        if not all(type(v) is dict and v.keys() == names and all(type(x) is str for x in v.values()) for v in values):
+            return None
+        q, qq, end = self.quote, self.quote * 2, self.line_end.decode()
+        sep = q + self.delimiter + q
+        return "".join(q + sep.join(v[n].replace(q, qq) for n in self.names) + q + end for v in values).encode()
 
     @property
     def data(self) -> bytes:
         return b"".join(self.pieces)
+
+    def values(self) -> list[dict[str, str]]:
+        """The rows read back as ``{column: value}`` (as the exact parser reads canonical CSV)."""
+        text = self.data.decode()
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=self.delimiter, quotechar=self.quote, strict=True)
+        return [dict(zip(self.names, row, strict=True)) for row in reader if row]
 
     def blocks(self, size: int = BLOCK_BYTES) -> Iterator[bytes]:
         """The rows' bytes in pieces of about ``size`` bytes (whole rows; one piece at most over ``size``):
