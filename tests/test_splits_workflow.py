@@ -167,3 +167,29 @@ async def test_sigkill_of_the_worker_running_a_split(
     assert entry["records"] == rows and entry["attempts"] >= 2
     assert entry["resumed_from_record"] > 0  # the splits resumed from their checkpoints, not from the start
     assert_exactly_once(s3, out, "o/big.csv/", rows)
+
+
+async def test_the_biggest_file_of_a_page_starts_first(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    """A big file listed after small ones is started first (it would otherwise start last and hold the job
+    up after they are done); the small ones follow, still grouped."""
+    src, out = buckets
+    for i in range(6):
+        s3.put_object(Bucket=src, Key=f"a-{i}.csv", Body=make_csv(10 + i))
+    s3.put_object(Bucket=src, Key="z-big.csv", Body=make_csv(5_000))
+    workflow_id = f"order-{uuid.uuid4().hex[:8]}"
+    result = await client.execute_workflow(
+        S3BatchWorkflow.run,
+        job(src, out, split_bytes=None, max_concurrent_files=1, group_max_files=3, group_max_bytes=50_000),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    assert result.status == "succeeded" and result.totals.files_succeeded == 7
+    events = await history_events(client, workflow_id)
+    summaries = [
+        e.user_metadata.summary.data.decode() for e in events if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    files = [s for s in summaries if ".csv" in s]
+    assert files[0] == '"z-big.csv"', summaries
+    assert files[1:] == ['"a-5.csv and 2 more small files"', '"a-2.csv and 2 more small files"'], summaries

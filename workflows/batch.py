@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         HAND_OVER_GRACE,
         SHORT_RETRY,
         SHORT_TIMEOUT,
+        largest_first,
         next_group,
         run_is_full,
         start_file_activity,
@@ -286,7 +287,7 @@ class S3BatchWorkflow:
         page = await list_page(spec, self._given or spec, st, LIST_PAGE_SIZE)
         if workflow.patched(KEEP_REQUEUED_FILES):
             # A failed group's files may have been put back while this page was being listed.
-            st.pending.extend(page.objects)
+            st.pending.extend(largest_first(page.objects))
         else:
             st.pending = list(page.objects)
         self._books.listed(page)

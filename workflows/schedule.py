@@ -117,6 +117,20 @@ def run_is_full(st: JobState, started: int) -> bool:
     return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested()
 
 
+LARGEST_FIRST = "largest-first"
+"""Patch: the files of a listing page are started biggest first (v0.2.0 and before: in key order)."""
+
+
+def largest_first(objects: list[ObjectRef]) -> list[ObjectRef]:
+    """A listing page's files in the order they start: the biggest first (ties in key order), so a big file
+    listed after many small ones does not start last and hold its run (and the job) up after they are done;
+    the small ones then fill the other slots, and are grouped as before. In key order for jobs started
+    before this order (``LARGEST_FIRST``)."""
+    if not workflow.patched(LARGEST_FIRST):
+        return list(objects)
+    return sorted(objects, key=lambda obj: -obj.size)
+
+
 def next_group(st: JobState, spec: S3BatchInput, limit: int) -> list[ObjectRef]:
     """Pop the next pending object, with the small objects that follow it when it is small itself
     (at most ``limit`` objects in all)."""
