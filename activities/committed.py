@@ -30,18 +30,19 @@ if TYPE_CHECKING:
 
 
 def last_committed(
-    s3: S3Client, bucket: str, output_prefix: str, key: str, etag: str, secret: bytes | None
+    s3: S3Client, bucket: str, output_prefix: str, key: str, etag: str, secret: bytes | None, split: int | None = None
 ) -> Checkpoint | None:
-    """The checkpoint of the last contiguous part (``part-0`` ... ``part-n-1``) of ``key`` written for
-    the source version ``etag``, or None when it has none."""
+    """The checkpoint of the last contiguous part (``part-0`` ... ``part-n-1``) of ``key`` (or of its
+    byte-range split ``split``) written for the source version ``etag``, or None when it has none."""
     folder = layout.file_dir(output_prefix, key)
     indices: dict[int, str] = {}  # chunk -> its part's key (.jsonl or .parquet, as the sink wrote it)
+    start = f"{folder}part-" if split is None else f"{folder}part-{split:03d}-"
     try:
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{folder}part-"):
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
             for item in page.get("Contents", []):
-                kind = layout.output_kind(item["Key"][len(folder) :])
-                if kind is not None and kind[0] == "part":
-                    indices[kind[1]] = item["Key"]
+                found = layout.output_of(item["Key"][len(folder) :])
+                if found is not None and found[0] == "part" and found[1] == split:
+                    indices[found[2]] = item["Key"]
     except (ClientError, BotoCoreError) as err:
         raise_s3_error(err, "listing output under", bucket, folder)
     n = 0
@@ -109,7 +110,8 @@ def fill_cancelled(
     or, for a job whose ``sink`` is a PostgreSQL table, from the database through the worker's ``pools``
     (``source_bucket``: the job's source bucket, "" for a manifest job)."""
     totals = totals.model_copy()
-    silent = [f for f in files if f.status == "cancelled" and f.chunks == 0 and f.records == 0]
+    files = [_split_parts(s3, bucket, output_prefix, f, totals, secret) if f.splits else f for f in files]
+    silent = [f for f in files if f.status == "cancelled" and f.chunks == 0 and f.records == 0 and not f.splits]
     if not silent:
         return files, totals
     if isinstance(sink, PostgresSink):
@@ -122,7 +124,7 @@ def fill_cancelled(
                 found[(f.key, f.etag)] = cp
     filled: list[FileResult] = []
     for f in files:
-        if f.status == "cancelled" and f.chunks == 0 and f.records == 0:
+        if f.status == "cancelled" and f.chunks == 0 and f.records == 0 and not f.splits:
             cp = found.get((f.key, f.etag))
             if cp is not None:
                 f = f.model_copy(
@@ -140,3 +142,27 @@ def fill_cancelled(
                 totals.dropped += cp.dropped
         filled.append(f)
     return filled, totals
+
+
+_COUNTS = ("records", "records_written", "rejected", "dropped", "chunks")
+
+
+def _split_parts(
+    s3: S3Client, bucket: str, output_prefix: str, f: FileResult, totals: Totals, secret: bytes | None
+) -> FileResult:
+    """A cancelled file processed in splits (``f.splits``), counted from the last part of each split (a split
+    the cancel found waiting for a retry reported nothing); ``totals`` adjusted. Other files as they are."""
+    if f.status != "cancelled" or not f.splits:
+        return f
+    sums = dict.fromkeys(_COUNTS, 0)
+    for split in range(f.splits):
+        cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret, split)
+        if cp is not None:
+            values = (cp.next_record, cp.records_written, cp.rejected, cp.dropped, cp.chunk)
+            for name, value in zip(_COUNTS, values, strict=True):
+                sums[name] += value
+    if all(sums[name] <= getattr(f, name) for name in _COUNTS):
+        return f  # the splits' own results said as much
+    for name in ("records", "records_written", "rejected", "dropped"):
+        setattr(totals, name, getattr(totals, name) + sums[name] - getattr(f, name))
+    return f.model_copy(update=sums)

@@ -224,7 +224,17 @@ class S3Activities:
             # Files a cancel (or max_rejected_total) found between attempts report nothing: their committed
             # parts say how far they got.
             secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
-            done, totals = fill_cancelled(self.s3, job.output_bucket, job.output_prefix, req.files, req.totals, secret)
+            done, totals = fill_cancelled(
+                self.s3,
+                job.output_bucket,
+                job.output_prefix,
+                req.files,
+                req.totals,
+                secret,
+                sink=job.sink,
+                pools=self._pools_for(job.sink),
+                source_bucket=job.bucket,
+            )
             req = req.model_copy(update={"files": done, "totals": totals})
         report = final_report(req, segments, redriven)
         key = layout.report_key(job.output_prefix)

@@ -607,11 +607,6 @@ def test_fill_cancelled_reads_a_tables_committed_checkpoint_from_the_database(
         pools.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs activities/s3_activities.py write_report to pass sink=job.sink, pools=self._pools_for(job.sink), "
-    "source_bucket=job.bucket to fill_cancelled (a file this helper does not own)",
-)
 async def test_a_file_cancelled_in_retry_backoff_reports_the_rows_its_table_holds(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
     pg_worker: Worker,

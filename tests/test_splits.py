@@ -77,9 +77,8 @@ def run(s3: Any, req: ProcessFileInput, *, details: Sequence[Any] = (), crash_at
             raise Crash(f"killed after chunk {crash_at}")
 
     env.on_heartbeat = on_heartbeat
-    result = env.run(S3Activities(s3).process_file, req)
-    run.beats = beats  # type: ignore[attr-defined]
-    return result
+    run.beats = beats  # type: ignore[attr-defined]  # this attempt's heartbeats, also when it crashes
+    return env.run(S3Activities(s3).process_file, req)
 
 
 def nominal(size: int, count: int) -> list[SplitRange]:
@@ -195,11 +194,12 @@ def test_a_crashed_split_resumes_from_its_own_checkpoint(s3: Any, buckets: tuple
         with pytest.raises(ApplicationError):
             run(s3, req, crash_at=3)
         last = run.beats[-1]  # type: ignore[attr-defined]
+        assert last["chunk"] == 3  # this split's own checkpoint, at the crash
         if r.index == 1:
             results.append(run(s3, req, details=[last]))  # resumed from the heartbeat
         else:
             results.append(run(s3, req, details=[None]))  # no heartbeat: from its committed parts
-        assert results[-1].resumed_from_record > 0
+        assert results[-1].resumed_from_record == last["next_record"] > 0
     assert sum(r.records for r in results) == whole.records == 400
     assert outputs(s3, buckets[1], "split/", obj.key)[0] == outputs(s3, buckets[1], "whole/", obj.key)[0]
 
@@ -287,3 +287,29 @@ def test_any_csv_split_anywhere_reads_like_the_whole_file_or_fails_loudly(
         return
     assert sum(r.records for r in results) == whole.records
     assert outputs(s3, out, "split/", obj.key)[:2] == outputs(s3, out, "whole/", obj.key)[:2]
+
+
+def test_a_cancelled_file_in_splits_reports_what_each_split_committed(s3: Any, buckets: tuple[str, str]) -> None:
+    """A cancel that found some splits waiting for a retry: they reported nothing, so the report counts each
+    split's last committed part (activities/committed.fill_cancelled)."""
+    from s3batch.activities.committed import fill_cancelled
+
+    from s3batch.messages import Totals
+
+    lines = [json.dumps({"n": i}).encode() for i in range(300)]
+    obj = upload(s3, buckets[0], "big/cancel.jsonl", b"\n".join(lines) + b"\n")
+    committed = 0
+    for r in nominal(obj.size, 3):
+        req = request(buckets, obj, "split/", split=r)
+        if r.index == 0:
+            committed += run(s3, req).records  # finished: its result is in the merged one
+            continue
+        with pytest.raises(ApplicationError):
+            run(s3, req, crash_at=r.index + 1)  # then "in backoff" when the cancel came
+        committed += run.beats[-1]["next_record"]  # type: ignore[attr-defined]
+    reported = FileResult(key=obj.key, etag=obj.etag, status="cancelled", records=100, records_written=100,
+                          chunks=15, splits=3)
+    files, totals = fill_cancelled(s3, buckets[1], "split/", [reported], Totals(records=100, records_written=100), None)
+    assert files[0].records == files[0].records_written == committed
+    assert totals.records == committed and files[0].splits == 3
+    assert 100 < committed < 300
