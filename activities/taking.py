@@ -26,7 +26,12 @@ Chunk = tuple[list[bytes], list[tuple[int, bytes]], list[int]]
 
 
 def take(records: Iterator[Record], parser: Parser, want: int, until: int) -> list[Record]:
-    """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``."""
+    """Up to ``want`` records (at least one, if any is left), fewer once the parser's offset reaches ``until``.
+
+    From the fast CSV path, the rows of a fast block are taken at once (:meth:`FastCsvParser.take_records`:
+    the same records)."""
+    if isinstance(parser, FastCsvParser):
+        return parser.take_records(want, until)
     batch: list[Record] = []
     for record in records:
         batch.append(record)

@@ -148,10 +148,11 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
 def _run(s3: Any, buckets: tuple[str, str], key: str, *, fast: bool, prefix: str, **job: Any) -> dict[str, Any]:
     src, out = buckets
     budget = job.pop("budget")
+    handler = job.pop("handler", "passthrough")
     head = s3.head_object(Bucket=src, Key=key)
     obj = ObjectRef(key=key, etag=head["ETag"].strip('"'), size=head["ContentLength"])
     req = ProcessFileInput(
-        job_id="job-fast", bucket=src, obj=obj, output_bucket=out, output_prefix=prefix, handler="passthrough",
+        job_id="job-fast", bucket=src, obj=obj, output_bucket=out, output_prefix=prefix, handler=handler,
         format="auto", max_record_bytes=1 << 20, **job,
     )
     worker = Settings(csv_fast_path=fast, max_chunk_bytes=budget)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
-from typing import IO
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
-from s3batch.formats.common import Record, line_breaks
+from s3batch.formats.common import Record
 from s3batch.formats.csv import DEFAULT_READING, CsvParser
 from s3batch.formats.csv_arrow import Block, BlockReader
 from s3batch.reading import Reading
@@ -39,8 +39,32 @@ _EXACT_MAX = 16 << 20
 _GOOD_BLOCK = 64
 """Fast rows in a block that reset the doubling."""
 _ALL = 1 << 62
+_DISPLAY_MAX = 200
+"""Wider rows get their dicts from ``dict(zip(...))`` (a generated display of more is not worth it)."""
 _WINDOW = 1_000
 """Rows of a block turned into ``{column: value}`` dicts at once, for the records read one by one."""
+
+
+def _dict_maker(width: int) -> Callable[..., list[dict[str, str]]]:
+    """A function of (columns, *names) making a block's rows into ``{name: value}`` dicts with one dict
+    display each (``{k0: v0, k1: v1, ...}``: 2.4x faster than ``dict(zip(names, values))`` for six columns).
+
+    Generated for the width as ``collections.namedtuple`` generates its methods: only the number of
+    columns enters the source; the names are arguments (a header's names are distinct, so the display
+    makes the dicts ``dict(zip(...))`` makes)."""
+    if width > _DISPLAY_MAX:
+        return lambda columns, *names: [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    keys = [f"k{i}" for i in range(width)]
+    values = [f"v{i}" for i in range(width)]
+    display = ", ".join(f"{k}: {v}" for k, v in zip(keys, values, strict=True))
+    source = (
+        f"def make(columns, {', '.join(keys)}):\n"
+        f"    return [{{{display}}} for {', '.join(values)}, in zip(*columns, strict=True)]\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # generated from the width alone (see above)
+    make: Callable[..., list[dict[str, str]]] = namespace["make"]
+    return make
 
 
 def fast_reading(reading: Reading) -> bool:
@@ -113,8 +137,11 @@ class FastCsvParser:
         """The values of rows ``_values_at`` on of the block (made a window at a time: a chunk's lookahead
         record alone must not turn a whole block into dicts)."""
         self._values_at = 0
+        self._make_dicts: Callable[..., list[dict[str, str]]] | None = None
         self._spans: list[int] | None = None
-        """Lines before each row of the block (None: not counted yet)."""
+        """Lines before each row of the block (None: not counted yet, or one a row)."""
+        self._extra: Any = False
+        """The line breaks inside each row's fields (``BlockReader.extra_lines``; False: not counted yet)."""
         self._json: tuple[bytes, list[int]] | bool | None = False  # False: not built yet; None: not possible
         self._done = False
         self.fast_records = 0
@@ -139,20 +166,28 @@ class FastCsvParser:
         return self._line
 
     def _lines_before(self, row: int) -> int:
-        """Physical lines of the block's first ``row`` rows."""
+        """Physical lines of the block's first ``row`` rows (each good row is one line, and as many more
+        as the line breaks inside its fields)."""
         if self._spans is not None:
             return self._spans[row]
         assert self._block is not None
-        if row == 0:
-            return 0
-        return line_breaks(self._block.raw[: self._block.ends[row - 1]])
+        extra = self._extra_lines(self._block)
+        return row if extra is None or row == 0 else row + extra.slice(0, row).sum().as_py()
 
-    def _row_lines(self, block: Block) -> list[int]:
-        """Lines before each row of ``block`` (and after its last)."""
-        if self._spans is None:
+    def _extra_lines(self, block: Block) -> Any:
+        """``BlockReader.extra_lines`` of the block (counted once)."""
+        if self._extra is False:
             assert self._blocks is not None
-            spans = self._blocks.spans(block)
-            self._spans = list(range(block.rows + 1)) if spans is None else list(itertools.accumulate(spans, initial=0))
+            self._extra = self._blocks.extra_lines(block)
+        return self._extra
+
+    def _row_lines(self, block: Block) -> list[int] | None:
+        """Lines before each row of ``block`` (and after its last); None: one a row (``row`` lines before ``row``)."""
+        if self._spans is None:
+            extra = self._extra_lines(block)
+            if extra is None:
+                return None
+            self._spans = list(itertools.accumulate((1 + e for e in extra.to_pylist()), initial=0))
         return self._spans
 
     # ------------------------------------------------------------------ reading
@@ -233,14 +268,13 @@ class FastCsvParser:
         at = row - self._values_at
         if not 0 <= at < len(self._values):
             first = not self._values  # the first record of the block read alone (e.g. a chunk's lookahead)
-            columns = [c.to_pylist() for c in block.table.slice(row, _WINDOW).columns]
-            names = self.header or []
-            self._values = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+            self._values = self._dicts(block, row, 1 if first else _WINDOW)
             self._values_at, at = row, 0
         else:
             first = False
-        # One record alone: count its lines in the bytes; records one after the other: all rows' lines at once.
-        line = self._line + (self._lines_before(row) if first else self._row_lines(block)[row])
+        # One record alone: its lines from the block's counts; records one after the other: all rows' lines at once.
+        spans = None if first else self._row_lines(block)
+        line = self._line + (self._lines_before(row) if spans is None else spans[row])
         record = Record(line, self._values[at], None)
         self._row = row + 1
         self.fast_records += 1
@@ -259,6 +293,7 @@ class FastCsvParser:
         self._row = 0
         self._json = False
         self._spans = None
+        self._extra = False
 
     def _next_block(self) -> bool:
         """Read the next block: fast when it can be, else start the exact parser. False at the end."""
@@ -330,8 +365,7 @@ class FastCsvParser:
             else:
                 start = block.ends[row - 1] if row else 0
                 pieces.append(block.raw[start : block.ends[row + n - 1]])
-                spans = self._row_lines(block)
-                csv_lines.extend(self._line + spans[i] for i in range(row, row + n))
+                csv_lines.extend(self._lines(block, row, n))
             taken += n
             self.fast_records += n
             self._row = row + n
@@ -341,6 +375,53 @@ class FastCsvParser:
             if stop:
                 return taken, pieces, True, size
         return taken, pieces, False, size
+
+    def take_records(self, want: int, until: int) -> list[Record]:
+        """Up to ``want`` records (at least one, if any is left), fewer once ``offset`` reaches ``until``:
+        the records ``activities.taking.take`` reads from this parser one by one, with the rows of a fast
+        block made at once (their dicts, lines and ``Record`` tuples; about a third of the cost of a
+        generator step each)."""
+        out: list[Record] = []
+        want = max(want, 1)
+        while len(out) < want:
+            block = self._block
+            if self._exact is not None or block is None or self._row >= block.rows:
+                record = self._next()  # the exact parser, or the next block's first record
+                if record is None:
+                    break
+                out.append(record)
+                if self.offset >= until:
+                    break
+                continue
+            row = self._row
+            reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
+            n = min(want - len(out), reach - row + 1, block.rows - row)
+            rows = zip(self._lines(block, row, n), self._dicts(block, row, n), itertools.repeat(None))
+            out += map(Record._make, rows)
+            self.fast_records += n
+            self._row = row + n
+            stop = self._pos + block.ends[self._row - 1] >= until
+            if self._row == block.rows:
+                self._finish_block()
+            if stop:
+                break
+        return out
+
+    def _dicts(self, block: Block, row: int, n: int) -> list[dict[str, str]]:
+        """The ``{column: value}`` dicts of rows ``row`` to ``row + n`` of the block."""
+        columns = [c.to_pylist() for c in block.table.slice(row, n).columns]
+        names = self.header or []
+        if self._make_dicts is None:
+            self._make_dicts = _dict_maker(len(names))
+        return self._make_dicts(columns, *names)
+
+    def _lines(self, block: Block, row: int, n: int) -> Iterable[int]:
+        """The lines of rows ``row`` to ``row + n`` of the block."""
+        spans = self._row_lines(block)
+        first = self._line
+        if spans is None:
+            return range(first + row, first + row + n)
+        return [first + spans[i] for i in range(row, row + n)]
 
     def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
         if self._json is False:
