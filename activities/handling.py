@@ -72,7 +72,7 @@ class HandlerRun:
                     parser_rejects.append(Reject(r.line, r.error, summary=r.error))  # the parsers' own words
             self._add_rejects(parser_rejects, rejects)
         if not good:
-            return sum(len(b) for _, b in rejects[before:])
+            return _size(rejects, before)
         try:
             result = self._counted(good)
         except Exception as err:  # noqa: BLE001 - any handler error fails the attempt, without its text
@@ -89,7 +89,7 @@ class HandlerRun:
         if lines is not None:
             lines.extend(_output_lines(result, good))
         self._add_rejects(result.rejects, rejects)
-        return sum(len(b) for b in encoded) + sum(len(b) for _, b in rejects[before:])
+        return sum(map(len, encoded)) + _size(rejects, before)
 
     def passed_through(self, records: int) -> None:
         """Count ``records`` given to ``passthrough`` at once by the fast CSV path (one output each, no
@@ -184,6 +184,11 @@ class HandlerRun:
             "HandlerResult(..., dropped=n) must account for every record it is given (outputs + rejects + "
             "dropped); otherwise this is a bug in s3batch, please report it."
         )
+
+
+def _size(rejects: list[tuple[int, bytes]], before: int) -> int:
+    """The bytes of the rejects appended from ``before`` on."""
+    return sum(len(b) for _, b in rejects[before:]) if len(rejects) > before else 0
 
 
 def _output_lines(result: HandlerResult, given: Sequence[Record]) -> Sequence[int]:

@@ -180,12 +180,15 @@ class BlockReader:
         kernels over those columns' values cost about half of counting the bytes of the block."""
         extra = None
         for column, found in zip(_columns(block.table), block.special, strict=True):
-            if not found & {10, 13}:
+            if 10 in found and 13 in found:
+                n = pc.subtract(
+                    pc.add(pc.count_substring(column, "\n"), pc.count_substring(column, "\r")),
+                    pc.count_substring(column, "\r\n"),
+                )
+            elif found & {10, 13}:  # LFs alone or CRs alone: one kernel
+                n = pc.count_substring(column, "\n" if 10 in found else "\r")
+            else:
                 continue
-            n = pc.subtract(
-                pc.add(pc.count_substring(column, "\n"), pc.count_substring(column, "\r")),
-                pc.count_substring(column, "\r\n"),
-            )
             extra = n if extra is None else pc.add(extra, n)
         return extra
 
