@@ -1,16 +1,19 @@
-"""Chunk commits one write behind the chunk loop: the next chunk is read and handled while the last
-one's part (or, for a table, its transaction) is being written.
+"""Chunk commits behind the chunk loop: the next chunk is read and handled while the last one's part (or,
+for a table, its transaction) is being written.
 
 A chunk's new checkpoint is heartbeated, and becomes the file's committed checkpoint, only once its
 write has finished (``WriteBehind.settle``): the heartbeat never names a part that may not exist, nor
-a transaction that may not have committed. At most one write is in flight, so memory holds at most two
-chunks, a crash loses at most the two chunks not yet committed (found again from the last committed
-part, or the database's checkpoint), and the chunks are committed in order.
+a transaction that may not have committed. Writes run one after the other on one thread, in order; a
+write that fails stops the ones queued after it. At most ``depth`` writes are in flight (S3 parts: one;
+a table: ``s3batch.sinks.postgres.WRITES_IN_FLIGHT``), so memory holds at most ``depth`` + 1 chunks,
+and a crash loses at most those chunks, not yet committed (found again from the last committed part,
+or the database's checkpoint).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -19,47 +22,74 @@ from s3batch.formats.readahead import uninterrupted
 
 
 class WriteBehind:
-    """At most one sink write in flight for one file (``enabled`` False: every write is done at once)."""
+    """Sink writes of one file behind the chunk loop, at most ``depth`` in flight, done one after the other in
+    order on one thread (``enabled`` False: every write is done at once).
 
-    def __init__(self, enabled: bool) -> None:
+    Args:
+        enabled: Whether writes run behind the chunk loop at all.
+        depth: Writes in flight at most (1: the next chunk is read while one is written; 2: the writer goes
+            from one chunk's write straight on to the next, while the loop reads a third).
+    """
+
+    def __init__(self, enabled: bool, depth: int = 1) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="s3batch-commit") if enabled else None
-        self._inflight: tuple[Future[Checkpoint], Callable[[Checkpoint], None]] | None = None
+        self._depth = max(1, depth)
+        self._inflight: deque[tuple[Future[Checkpoint], Callable[[Checkpoint], None]]] = deque()
+        self._failed = False
+        """Set on the writer's thread when a write failed: the writes queued after it do not run."""
 
     def write(self, commit: Callable[[], Checkpoint], then: Callable[[Checkpoint], None]) -> None:
-        """Run ``commit`` (the sink's write of a chunk), after the write in flight has settled; ``then``
-        gets the committed checkpoint, on the calling thread, once the write is done."""
-        self.settle()
+        """Run ``commit`` (the sink's write of a chunk), once fewer than ``depth`` writes are in flight (the
+        oldest settled first); ``then`` gets the committed checkpoint, on the calling thread, in order, once
+        the write is done."""
+        self._settle_to(self._depth - 1)
         if self._pool is None:
             then(commit())
         else:
             with uninterrupted():  # submit() may start the pool's thread
-                self._inflight = (self._pool.submit(commit), then)
+                self._inflight.append((self._pool.submit(self._guarded, commit), then))
+
+    def _guarded(self, commit: Callable[[], Checkpoint]) -> Checkpoint:
+        if self._failed:
+            raise RuntimeError("not written: an earlier chunk's write failed")
+        try:
+            return commit()
+        except BaseException:
+            self._failed = True
+            raise
 
     def settle(self) -> None:
-        """Wait for the write in flight (its error is raised here) and hand its checkpoint to ``then``."""
-        if self._inflight is not None:
-            future, then = self._inflight
+        """Wait for the writes in flight (the first error is raised here) and hand their checkpoints to ``then``."""
+        self._settle_to(0)
+
+    def _settle_to(self, left: int) -> None:
+        while len(self._inflight) > left:
+            future, then = self._inflight[0]
             with uninterrupted():
                 done = future.result()
-            self._inflight = None  # only now: a cancellation raised before leaves it to close()
+            self._inflight.popleft()  # only now: a cancellation raised before leaves it to close()
             then(done)
 
     def close(self, error: BaseException | None) -> Checkpoint | None:
-        """Wait for the write in flight. When the chunk loop is already raising ``error`` (a cancellation,
-        a failure), a failed write is not raised over it, and a finished one is returned (committed: the
-        file's result counts it) without its heartbeat or checks; a cancellation raised meanwhile is
-        dropped too (the loop is stopping anyway)."""
+        """Wait for the writes in flight. When the chunk loop is already raising ``error`` (a cancellation,
+        a failure), a failed write is not raised over it, and the last of those that finished in order is
+        returned (committed: the file's result counts it) without its heartbeat or checks; a cancellation
+        raised meanwhile is dropped too (the loop is stopping anyway)."""
         try:
             if error is None:
                 self.settle()
                 return None
-            if self._inflight is None:
-                return None
-            future, _ = self._inflight
-            self._inflight = None
-            with contextlib.suppress(BaseException), uninterrupted():
-                future.result()
-            return _committed(future)
+            last = None
+            while self._inflight:
+                future, _ = self._inflight.popleft()
+                with contextlib.suppress(BaseException), uninterrupted():
+                    future.result()
+                done = _committed(future)
+                if done is None:
+                    break
+                last = done
+            self._inflight.clear()
+            return last
         finally:
             if self._pool is not None:
                 quiet = contextlib.suppress(BaseException) if error is not None else contextlib.nullcontext()

@@ -18,11 +18,12 @@ so the good rows keep ``COPY``'s speed. Rejects go to the S3 rejects files, as w
 In insert mode a chunk is first written at once, every ``COPY`` straight in the transaction; only
 when the database refuses a row is it rolled back and written again that way.
 
-For a big file, a chunk's transaction runs while the chunk loop reads the next chunk (``WriteBehind``,
-at most one in flight): the database parses and indexes one chunk while the worker parses the next.
-Its checkpoint is heartbeated only once the transaction committed; the next chunk's transaction
-starts from the checkpoint the database holds (:func:`carried_over`), so a kill at any point still
-leaves each chunk committed once, with its checkpoint, or not at all.
+For a big file, a chunk's transaction runs while the chunk loop reads on (``WriteBehind``, at most
+``WRITES_IN_FLIGHT`` in flight, committed in order): the database parses and indexes one chunk while
+the worker parses the next. Its checkpoint is heartbeated only once the transaction committed; each
+chunk's transaction starts from the checkpoint the database holds (:func:`carried_over`), so a kill at
+any point still leaves each chunk committed once, with its checkpoint, or not at all (the chunks in
+flight are read again), and memory holds at most ``WRITES_IN_FLIGHT`` + 1 chunks.
 
 The job names a connection; its DSN comes from the worker's environment (``Settings.postgres_dsn``)
 and never enters the job's history or heartbeats. One pool per connection name per worker
@@ -59,6 +60,10 @@ from s3batch.sinks.postgres_pools import (
 from s3batch.sinks.rows import CsvRows, decoded, field_names, tuples
 from s3batch.sinks.spec import PostgresSink
 
+WRITES_IN_FLIGHT = 2
+"""Chunks of a big file whose transactions may be in flight at once (in order, on one thread and connection):
+with one, the database waited, at every chunk, for the chunk loop to hand over the next one."""
+
 
 class PostgresOutput:
     """The PostgreSQL sink of one file (see the module docstring): the :class:`~s3batch.sinks.Sink` interface.
@@ -91,11 +96,12 @@ class PostgresOutput:
         self._row_key = (self.target, bucket, output.key)
 
     @property
-    def writes_behind(self) -> bool:
-        """Whether a chunk's transaction may run while the chunk loop reads the next chunk (``WriteBehind``):
-        the checkpoint is heartbeated only once the transaction committed, and the next one starts from the
-        checkpoint it committed (:func:`carried_over`)."""
-        return True
+    def writes_behind(self) -> int:
+        """How many chunks' transactions may be in flight while the chunk loop reads on (``WriteBehind``): two,
+        so the database goes from one chunk's ``COPY`` straight on to the next, one after the other on one
+        connection. A checkpoint is heartbeated only once its transaction committed, and each transaction
+        starts from the checkpoint the database holds (:func:`carried_over`)."""
+        return WRITES_IN_FLIGHT
 
     @property
     def takes_csv(self) -> bool:
