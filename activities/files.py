@@ -1,10 +1,14 @@
-"""Processing files: one file, or a group of small files one after the other, and what each
-returns when the job is cancelled meanwhile."""
+"""Processing files: one file, or a group of small files a few at once, and what each returns when
+the job is cancelled meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -53,46 +57,176 @@ def process_file(
 def process_group(
     s3: S3Client, settings: Settings, req: ProcessGroupInput, pools: PostgresPools | None = None
 ) -> list[FileResult]:
-    """Process small objects one after the other (the ``s3batch.process_group`` activity).
+    """Process small objects, up to ``GROUP_THREADS`` at once (the ``s3batch.process_group`` activity).
 
     A file that fails for good (changed, missing, bad format) is reported failed without failing the
-    group; a transient error fails the attempt, and the retry skips the files already done (their
-    final parts are committed). The group's output is checked with one LIST at the end (see
-    ``FileJob.verify``). When the job is cancelled meanwhile, the group returns instead of raising:
-    the files it finished as ``succeeded``, the others as ``cancelled`` (with their checkpoint's
-    counts, where they have one).
+    group; a transient error stops the group's other files at their next chunk boundary and fails the
+    attempt, and the retry skips the files already done (their final parts are committed). The group's
+    output is checked with one LIST at the end (see ``FileJob.verify``). When the job is cancelled
+    meanwhile, every file in flight stops at its next chunk boundary and the group returns instead of
+    raising: the files it finished as ``succeeded``, the others as ``cancelled`` (with their
+    checkpoint's counts, where they have one).
     """
     info = activity.info()
     details = info.heartbeat_details
     beat = HeartbeatDetails.of(details)
     items = req.items()
-    results: list[FileResult | None] = [None] * len(items)
-    jobs: list[FileJob | None] = [None] * len(items)
+    run = _GroupRun(s3, settings, items, beat, pools)
     try:
         # One LIST for the whole group: on a first run nothing exists under the files' common
         # output prefix, and no file needs to look for committed parts of its own.
         check_allowed(settings, "outputs", req.file.output_bucket, req.file.output_prefix)
         common = os.path.commonprefix([layout.file_dir(i.output_prefix, i.obj.key) for i in items])  # noqa: RUF071 - S3 prefixes are strings
-        fresh = not details and not any_object(s3, req.file.output_bucket, common)
-        for index, item in enumerate(items):
-            hint = beat.checkpoint if index == beat.group_index else None
-            try:
-                jobs[index] = job = FileJob(s3, settings, item, hint, index, fresh=fresh, pools=pools)
-                results[index] = job.run()
-            except S3BatchError as err:
-                if err.retryable:
-                    raise
-                results[index] = _failed(item, err, info.attempt)
-        return _verify_group(s3, items, jobs, results, info.attempt)
+        run.fresh = not details and not any_object(s3, req.file.output_bucket, common)
+        run.run_all()
+        return _verify_group(s3, items, run.jobs, run.results, info.attempt)
     except (CancelledError, asyncio.CancelledError):
         if not _job_cancelled():
             raise  # worker shutdown, heartbeat timeout, activity paused or reset: Temporal retries
-        return _cancelled_group(s3, items, jobs, results, info.attempt, beat)
+        return _cancelled_group(s3, items, run.jobs, run.results, info.attempt, beat)
     except S3BatchError:
         raise
     except Exception as err:  # noqa: BLE001 - its text may quote record contents
         where = f"a group of {len(items)} files from s3://{req.file.bucket}/{req.file.obj.key}"
         raise unexpected(err, where) from None
+
+
+GROUP_THREADS = 4
+"""Files of one group processed at once, each on a thread of its own. A small file's time is mostly
+S3 latency (a GET and a PUT, the GIL released meanwhile), so a group of 100 files ends in about a
+quarter of the time it took one after the other. Bounded for the whole process by the S3 client's
+connection pool (``_connections``)."""
+
+
+class _Stopped(Exception):
+    """Raised in a file of a group at a chunk boundary once the group stops (cancelled, or another
+    file's transient error)."""
+
+
+def _stopping(stop: threading.Event) -> bool:
+    """The group is stopping: another file's error, or the activity is cancelled (seen by every file at
+    its next chunk boundary: the SDK raises its cancellation into the activity's own thread only)."""
+    return stop.is_set() or activity.is_cancelled()
+
+
+class _GroupFile(FileJob):
+    """A file of a group, run on one of the group's threads: besides a worker shutdown, it stops at
+    its next chunk boundary (after its last checkpoint) once its group is stopping."""
+
+    def __init__(self, *args: Any, stop: threading.Event, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._group_stop = stop
+
+    def _stop_if_asked(self) -> None:
+        super()._stop_if_asked()
+        if _stopping(self._group_stop):
+            self.behind.settle()  # the last chunk's part, if written behind, is committed first
+            raise _Stopped
+
+
+class _GroupRun:
+    """The files of one group attempt, run on up to ``GROUP_THREADS`` threads; ``results[i]`` and
+    ``jobs[i]`` are file ``i``'s (None where it did not finish, or did not start)."""
+
+    def __init__(
+        self,
+        s3: S3Client,
+        settings: Settings,
+        items: list[ProcessFileInput],
+        beat: HeartbeatDetails,
+        pools: PostgresPools | None,
+    ) -> None:
+        self.s3, self.settings, self.items, self.beat, self.pools = s3, settings, items, beat, pools
+        self.fresh = False
+        self.attempt = activity.info().attempt
+        self.results: list[FileResult | None] = [None] * len(items)
+        self.jobs: list[FileJob | None] = [None] * len(items)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        """The first transient or unexpected error of a file: raised once every file has stopped."""
+        self._left = len(items)
+        self._lock = threading.Lock()
+        self._all_done = threading.Event()
+
+    def run_all(self) -> None:
+        """Run every file; returns once each has finished or stopped. The SDK's cancellation is held
+        back meanwhile (it is raised into this thread only, and must not land in a thread pool's
+        start or wait): a cancel is seen here, stops the files at their next chunk boundary, and is
+        raised when this returns."""
+        if not self.items:
+            return
+        with activity.shield_thread_cancel_exception():
+            threads = min(GROUP_THREADS, len(self.items))
+            with ThreadPoolExecutor(threads, thread_name_prefix="s3batch-group") as pool:
+                for index in range(len(self.items)):
+                    # Each file gets its own copy of the activity's context (info, heartbeat, logger).
+                    pool.submit(contextvars.copy_context().run, self._one, index)
+                while not self._all_done.wait(_CANCEL_POLL):
+                    if activity.is_cancelled():
+                        self.stop.set()
+        # The SDK's cancellation, held back, was raised as the shield ended.
+        if self.error is not None:
+            raise self.error
+        if self.stop.is_set():  # cancelled, and the SDK raised nothing (it raises only into a sync activity)
+            raise CancelledError("activity cancelled")
+
+    def _one(self, index: int) -> None:
+        connections = _connections(self.s3)
+        try:
+            while not _stopping(self.stop):
+                if connections.acquire(timeout=_CANCEL_POLL):
+                    try:
+                        self._file(index)
+                    finally:
+                        connections.release()
+                    break
+        finally:
+            with self._lock:
+                self._left -= 1
+                if not self._left:
+                    self._all_done.set()
+
+    def _file(self, index: int) -> None:
+        item = self.items[index]
+        hint = self.beat.checkpoint if index == self.beat.group_index else None
+        try:
+            self.jobs[index] = job = _GroupFile(
+                self.s3, self.settings, item, hint, index, fresh=self.fresh, pools=self.pools, stop=self.stop
+            )
+            self.results[index] = job.run()
+        except _Stopped:
+            pass
+        except S3BatchError as err:
+            if err.retryable:
+                self._fail(err)
+            else:
+                self.results[index] = _failed(item, err, self.attempt)
+        except BaseException as err:  # noqa: BLE001 - raised by run_all, in the activity's thread
+            self._fail(err)
+
+    def _fail(self, err: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = err
+        self.stop.set()
+
+
+_CANCEL_POLL = 0.05
+"""Seconds between two looks at the activity's cancellation while a group's files run."""
+
+_POOLS: weakref.WeakKeyDictionary[Any, threading.BoundedSemaphore] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _connections(s3: S3Client) -> threading.BoundedSemaphore:
+    """The files of every group of this process that may run at once on ``s3``: one per connection of its
+    pool, so that concurrent groups never open connections the pool would drop."""
+    with _POOLS_LOCK:
+        found = _POOLS.get(s3)
+        if found is None:
+            size = getattr(s3.meta.config, "max_pool_connections", None) or 10
+            found = _POOLS[s3] = threading.BoundedSemaphore(size)
+        return found
 
 
 def _verify_group(
