@@ -150,10 +150,10 @@ class BlockReader:
         for column, found in zip(columns, special, strict=True):
             chars = found & self._csv_special
             if chars:  # some values need quotes: those holding one of these characters
-                need = None
-                for char in chars:
-                    hit = pc.match_substring(column, chr(char))
-                    need = hit if need is None else pc.or_(need, hit)
+                if len(chars) == 1:
+                    need = pc.match_substring(column, chr(next(iter(chars))))
+                else:  # one pass for all (0.7 ms a MiB block for each match_substring, 1.4 ms for the class)
+                    need = pc.match_substring_regex(column, "[" + "".join(f"\\x{c:02x}" for c in sorted(chars)) + "]")
                 doubled = pc.replace_substring(column, quote, quote * 2) if self._quote in chars else column
                 column = pc.if_else(need, pc.binary_join_element_wise(quote, doubled, quote, ""), column)
             fields.append(column)
