@@ -31,7 +31,9 @@ Cases (see issue 6 and docs/PERFORMANCE.md):
      psycopg ``COPY`` of the same rows (no checkpoint), on a throwaway server (``s3batch.dev.postgres``)
   10. a straggler at continue-as-new: a run ending with one big slow file among many small ones, with
      and without the hand-over to the next run, vs the big file alone
-  11. one big file on one worker process allowed two cores vs one (its threads pinned to CPU 0)
+  11. one big file in two splits on one worker of two processes allowed two cores vs one (pinned to CPU 0)
+  12. (run with 11) one big file in two splits on two workers vs one (one process and slot each)
+  13. how the cost grows with file size and with the number of files, against the plain script and loop
 
 The cases live in ``scripts/benchmark/`` (one module per kind, ``common`` for what they share); the
 naive design of case 6 in ``scripts/benchmark/baselines.py`` (``NaiveFileWorkflow``), whose worker
@@ -83,6 +85,7 @@ from scripts.benchmark.crash import case_crash  # noqa: E402
 from scripts.benchmark.data import object_size, put_csv  # noqa: E402
 from scripts.benchmark.postgres import case_postgres  # noqa: E402
 from scripts.benchmark.responsiveness import case_responsiveness  # noqa: E402
+from scripts.benchmark.scaling import case_scaling  # noqa: E402
 from scripts.benchmark.straggler import case_straggler  # noqa: E402
 from scripts.benchmark.throughput import case_big, case_history, case_memory, case_small, case_two_workers  # noqa: E402
 
@@ -151,7 +154,7 @@ async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Ca
     """Run the chosen cases in order; a case that fails is a row ``(error)`` and an entry of
     ``errors``, and the others still run. ``save`` writes the partial results after each case."""
     sizes = b.sizes
-    if any(c in cases for c in (1, 2, 3, 7)):
+    if any(c in cases for c in (1, 2, 3, 7, 13)):
         b.worker("main", b.main_queue, sizes.small_concurrency).wait_ready()
     if any(c in cases for c in (1, 2, 9, 11)) and object_size(b.s3, "big/customers.csv") is None:
         t0 = time.perf_counter()
@@ -170,6 +173,7 @@ async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Ca
         (9, lambda: case_postgres(b)),
         (10, lambda: case_straggler(b)),
         (11, lambda: case_cores(b)),
+        (13, lambda: case_scaling(b)),
     ]
     for number, step in steps:
         if number not in cases:
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, figures meaningless)")
     parser.add_argument(
-        "--cases", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated case numbers (default: all)"
+        "--cases", default="1,2,3,4,5,6,7,8,9,10,11,13", help="comma-separated case numbers (default: all)"
     )
     parser.add_argument("--json", help="where to write the results (default: .bench/results.json)")
     parser.add_argument("--root", default=str(ROOT / ".bench"), help="working directory (default: .bench)")

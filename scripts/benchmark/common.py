@@ -79,6 +79,10 @@ class Sizes:
     """Case 8: cancels measured with the worker's own throttle (the baseline: one)."""
     resp_baseline: bool = True
     """Case 8: also measure the worker with the SDK's default throttle (24 s)."""
+    scale_rows: tuple[int, ...] = (10_000, 100_000, 1_000_000)
+    """Case 13: rows of the one file of each size step."""
+    scale_files: tuple[int, ...] = (100, 1_000, 5_000)
+    """Case 13: how many ~1 KB files in each count step."""
 
 
 QUICK = Sizes(
@@ -97,6 +101,8 @@ QUICK = Sizes(
     crash_delay=0.3,
     heartbeat_timeout=2,
     history_files=120,
+    scale_rows=(1_000, 5_000),
+    scale_files=(10, 30),
     resp_rows=30_000,
     resp_delay=0.2,
     resp_window=4.0,
