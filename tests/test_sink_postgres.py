@@ -368,7 +368,8 @@ async def test_json_values_map_to_columns_exactly(
 def test_a_second_attempt_of_a_file_cannot_commit_a_chunk_twice(
     s3: Any, buckets: tuple[str, str], pg: PostgresServer, table: str
 ) -> None:
-    """A zombie: two attempts of the same file (a worker presumed dead still running) both at chunk 0."""
+    """A zombie: two attempts of the same file (a worker presumed dead still running), both at chunk 0, then both
+    at the same checkpoint past it."""
     src, out = buckets
     pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}))
     spec = PostgresSink(type="postgres", connection="test", table=table)
@@ -391,13 +392,22 @@ def test_a_second_attempt_of_a_file_cannot_commit_a_chunk_twice(
             zombie.commit(start, new, list(rows), [], [2, 3])
         assert _ids(pg, table) == [0, 1]
         assert zombie.resume_point(None, start, fresh=False) == new  # it resumes from the database's checkpoint
+        # Past the first chunk: both attempts at the same checkpoint (the same chunk read the same way), each
+        # advancing it by one conditional UPDATE; the second to commit finds it moved on and writes nothing.
+        after = new.model_copy(update={"chunk": 2, "next_record": 4, "records_written": 4, "line": 6})
+        more = [encode_json({"id": i, "name": "n"}) for i in range(2, 4)]
+        assert first.commit(new, after, list(more), [], [4, 5]) == after
+        with pytest.raises(SinkError, match="is at chunk 2, not at chunk 1"):
+            zombie.commit(new, after, list(more), [], [4, 5])
+        assert _ids(pg, table) == [0, 1, 2, 3]
+        assert _checkpoint(pg, src, "in/a.csv") == json.loads(after.model_dump_json())
         # A changed source (another ETag) starts over at chunk 0 over the old version's checkpoint.
         changed = attempt("e2")
         fresh = Checkpoint(etag="e2", fingerprint="f")
         assert changed.resume_point(None, fresh, fresh=False) == fresh
-        later = [encode_json({"id": i, "name": "v2"}) for i in range(2, 4)]
+        later = [encode_json({"id": i, "name": "v2"}) for i in range(10, 12)]
         changed.commit(fresh, fresh.model_copy(update={"chunk": 1, "next_record": 2}), later, [], [2, 3])
-        assert _ids(pg, table) == [0, 1, 2, 3]
+        assert _ids(pg, table) == [0, 1, 2, 3, 10, 11]
     finally:
         pools.close()
 
