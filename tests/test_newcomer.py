@@ -203,7 +203,7 @@ async def test_tables_keep_ids_and_file_names_at_80_columns(
     each file in flight whole, in one line each."""
     src, out = buckets
     key = "in/customers-2026-11-30-eu-west.csv"
-    s3.put_object(Bucket=src, Key=key, Body=make_csv(20_000))
+    s3.put_object(Bucket=src, Key=key, Body=make_csv(60_000))  # 30 s in flight: four CLI runs on a loaded machine
     handle = await start(client, task_queue, slow_job(src, out), "eighty-columns-job-with-a-long-redrive-like-id")
     await until(lambda p: p.files_in_flight == 1, handle)
     await wait_for(lambda: parts(s3, out, key) >= 1, 60, "a committed part")
