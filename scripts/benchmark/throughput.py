@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from scripts.benchmark.baselines import plain_script, plain_small_loop
@@ -97,33 +100,71 @@ async def case_big(b: Bench, *, validate: bool) -> None:
           f"{p / act:.2f}x" if act else "", "", "info")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) used so far by the processes ``pids``."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def stack_pids(b: Bench, program: str) -> list[int]:
+    """The processes of this run's stack whose command is ``program`` (``weed``: the S3 server)."""
+    found = []
+    ours = str(b.run_dir).encode()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if Path(command[0].decode()).name == program and any(ours in arg for arg in command):
+                found.append(int(entry))
+    return found
+
+
 async def case_small(b: Bench) -> None:
-    """Case 3: many ~1 KB files, s3batch (concurrent, grouped if available) vs a sequential loop."""
+    """Case 3: many ~1 KB files, s3batch (concurrent, grouped if available) vs a sequential loop; and the CPU
+    each side and the S3 server use per file (on a machine of few cores, the bound of both)."""
     z = b.sizes
     clock = CaseClock()
     ensure_small_files(b.s3, "a", z.small_files, z.small_rows)
     grouping = has_grouping()
-    t0 = time.perf_counter()
+    server = stack_pids(b, "weed")
+    worker = [w.proc.pid for w in b.workers if w.name == "main"]
+    t0, mine0, server0 = time.perf_counter(), time.process_time(), process_cpu(server)
     files, rows, total_bytes = await asyncio.to_thread(plain_small_loop, b.s3, "small/a/", "3/plain/")
     plain = time.perf_counter() - t0
+    plain_cpu, plain_server = time.process_time() - mine0, process_cpu(server) - server0
     log(f"case 3: plain loop {plain:.1f}s ({files / plain:,.0f} files/s)")
+    worker0, server0 = process_cpu(worker), process_cpu(server)
     r = await run_job(b.client, b.main_queue, prefix="small/a/", out_prefix="3/s3batch/",
                       max_concurrent_files=z.small_concurrency, chunk_records=z.chunk_records)
+    worker_cpu, s3b_server = process_cpu(worker) - worker0, process_cpu(server) - server0
     log(f"case 3: s3batch {r['seconds']:.1f}s ({files / r['seconds']:,.0f} files/s), grouping={grouping}")
     assert r["totals"]["files_succeeded"] == files, (r["totals"], files)
     hist = await history_chain(b.client, r["workflow_id"], r["first_run_id"])
     ratio = plain / r["seconds"]
+    ms = {"plain_client": plain_cpu, "plain_s3_server": plain_server, "s3batch_worker": worker_cpu,
+          "s3batch_s3_server": s3b_server}
+    cpu_ms = {k: round(1000 * v / files, 2) for k, v in ms.items()}
     b.results["3_small_files"] = {
         "files": files, "rows": rows, "bytes": total_bytes, "grouping_available": grouping,
         "max_concurrent_files": z.small_concurrency, "worker_slots": z.small_concurrency,
         "plain_seconds": plain, "s3batch_seconds": r["seconds"], "ratio": ratio,
         "plain_files_per_s": files / plain, "s3batch_files_per_s": files / r["seconds"],
+        "cpu_ms_per_file": cpu_ms, "cores": os.cpu_count(),
         "runs": len(hist), "events_total": sum(h["events"] for h in hist),
         "file_activities": sum(h["file_activities"] for h in hist), "s3batch_run": r, "load": clock.summary(),
     }
     note = "" if grouping else " (no grouping in this build)"
     b.add("3. many small files", f"files/s, {files:,} x ~1 KB{note}", fmt_rate(files / r["seconds"]),
           fmt_rate(files / plain), f"{ratio:.2f}x", ">= 3x", verdict(ratio >= 3.0))
+    b.add("3. many small files", "CPU ms per file: worker + S3 server (plain: loop + S3 server)",
+          f"{cpu_ms['s3batch_worker']:.1f} + {cpu_ms['s3batch_s3_server']:.1f}",
+          f"{cpu_ms['plain_client']:.1f} + {cpu_ms['plain_s3_server']:.1f}", "", "", "info")
 
 
 async def case_two_workers(b: Bench) -> None:
