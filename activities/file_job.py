@@ -21,7 +21,7 @@ from temporalio import activity
 
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
-from s3batch.errors import WorkerShutdown
+from s3batch.errors import TooManyRejects, WorkerShutdown
 from s3batch.formats import resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
@@ -150,13 +150,8 @@ class FileJob:
         line = 1
         if self.split is not None and hint is None:
             offset, line = self.split.start()
-        start = Checkpoint(
-            etag=self.obj.etag,
-            version_id=self.obj.version_id,
-            fingerprint=self.output.fingerprint,
-            byte_offset=offset,
-            line=line,
-        )
+        obj, fp = self.obj, self.output.fingerprint
+        start = Checkpoint(etag=obj.etag, version_id=obj.version_id, fingerprint=fp, byte_offset=offset, line=line)
         return self.output.resume_point(hint, start, fresh=self._fresh)
 
     def run(self) -> FileResult:
@@ -391,6 +386,8 @@ class FileJob:
         committed = self.behind.close(error)
         if committed is not None:
             self.checkpoint = committed  # e.g. a cancelled file reports the chunk written while cancelling
+            if isinstance(error, TooManyRejects) and committed.chunk > error.counts.get("chunks", committed.chunk):
+                self._check_rejects(committed)  # over the limit again, with the counts of what is committed
 
     def _beat(self, *, force: bool = False) -> None:
         """Heartbeat the last committed checkpoint: always when forced (a chunk just committed), else at

@@ -648,3 +648,25 @@ async def test_a_file_cancelled_in_retry_backoff_reports_the_rows_its_table_hold
     (f,) = rep["files"]
     assert (f["status"], f["chunks"], f["records"], f["records_written"]) == ("cancelled", 5, 500, 500), f
     assert (rep["totals"]["records"], rep["totals"]["records_written"]) == (500, 500), rep["totals"]
+
+
+async def test_a_file_over_its_reject_limit_reports_every_chunk_its_table_holds(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
+    pg_worker: Worker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Written behind with two transactions in flight, a file found over max_rejected_records after its first
+    chunk has its second chunk committed too: the failure (and the report) counts both, as the table holds."""
+    monkeypatch.setattr(file_setup, "BEHIND_MIN_BYTES", 0)
+    src, out = buckets
+    lines = ["id,name,note"] + [f"{i},n{i},x" for i in range(600)]
+    for i in (3, 5, 7):
+        lines[1 + i] = f"{i},too,many,columns"  # parser rejects in chunk 0: over the limit of 2
+    s3.put_object(Bucket=src, Key="in/r.csv", Body=("\n".join(lines) + "\n").encode())
+    with pytest.raises(WorkflowFailureError):
+        await execute(client, task_queue, _job(src, out, table, max_rejected_records=2), "pg-limit")
+    entry = report(s3, out, "o/")["files"][0]
+    assert entry["status"] == "failed" and "TooManyRejects" in entry["error"]
+    held = len(_ids(pg, table))
+    cp = _checkpoint(pg, src, "in/r.csv")
+    assert cp is not None and held == cp["records_written"] and cp["chunk"] >= 2
+    assert (entry["records_written"], entry["chunks"]) == (held, cp["chunk"])
