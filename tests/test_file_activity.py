@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from s3batch.activities import file_setup
+from s3batch.activities import file_setup, files
 from s3batch.activities.s3_activities import S3Activities
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError, CancelledError
@@ -920,7 +920,10 @@ def test_group_output_is_checked_and_cleaned_whatever_the_servers_key_order(s3: 
 # ------------------------------------------------------------------ a cancelled group (issue 9)
 
 
-def test_cancelled_group_reports_its_finished_files_as_succeeded(s3: Any, buckets: tuple[str, str]) -> None:
+def test_cancelled_group_reports_its_finished_files_as_succeeded(
+    s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "GROUP_THREADS", 1)  # one file after the other (at once: tests/test_groups.py)
     # Before: the group raised CancelledError, and the workflow reported all three files cancelled
     # with 0 records.
     src, out = buckets
@@ -948,7 +951,10 @@ def test_cancelled_group_reports_its_finished_files_as_succeeded(s3: Any, bucket
     assert output_keys(s3, out, "g/c.jsonl") == []
 
 
-def test_cancel_after_a_files_final_part_reports_it_succeeded(s3: Any, buckets: tuple[str, str]) -> None:
+def test_cancel_after_a_files_final_part_reports_it_succeeded(
+    s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "GROUP_THREADS", 1)  # one file after the other (at once: tests/test_groups.py)
     src, _ = buckets
     a = upload(s3, src, "g/a.jsonl", make_jsonl(5)[0])
     b = upload(s3, src, "g/b.jsonl", make_jsonl(5)[0])
