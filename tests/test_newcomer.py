@@ -334,7 +334,7 @@ async def test_the_same_id_with_another_input_is_an_error_and_the_same_input_fol
     """Point 9: starting a running job's ID again with a different input exits 3 naming the fields that
     differ (nothing started); with the identical input it follows the running job (exit 0)."""
     src, out = buckets
-    s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(20_000))
+    s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(60_000))  # 30 s in flight: two CLI runs, a loaded machine
     handle = await start(client, task_queue, slow_job(src, out), "same-id")
     await until(lambda p: p.files_in_flight == 1, handle)
     same = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "o/",

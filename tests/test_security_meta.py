@@ -275,9 +275,14 @@ async def test_hostile_keys_are_shown_escaped_by_report_list_status_and_watch(
 
     status, shown = await wait_for(in_flight_shown, 60, f"`s3batch status {wid}` to show a file in flight", 0.3)
     assert_shown_escaped(status.stdout, shown)
-    watch = await run("s3batch", "watch", wid, "--once")
-    assert watch.code == 0, watch
-    assert "In flight" in watch.stdout and "\x1b" not in watch.stdout and "\r" not in watch.stdout, watch
+    async def watched_in_flight() -> Any:
+        # Files run one at a time: between two of them none is in flight, so look again until one is.
+        once = await run("s3batch", "watch", wid, "--once")
+        assert once.code == 0, once
+        return once if "In flight" in once.stdout else None
+
+    watch = await wait_for(watched_in_flight, 60, f"`s3batch watch {wid} --once` to show a file in flight", 0.3)
+    assert "\x1b" not in watch.stdout and "\r" not in watch.stdout, watch
 
     follow = await run("s3batch", "watch", wid, "--interval", "0.5", timeout=180)
     assert follow.code == 1, follow  # the bad file fails the job
