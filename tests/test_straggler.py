@@ -46,6 +46,9 @@ FILES_PER_RUN = 3
 
 GATES: dict[str, tuple[int, threading.Event]] = {}
 """Per source bucket: the chunk of the big file at which the handler waits until the event is set."""
+REACHED: set[str] = set()
+"""Source buckets whose big file reached its gate (a loaded machine may start it too late for the first run's
+hand-over to find it there)."""
 
 
 @chunk_handler("straggler_slow")
@@ -54,6 +57,7 @@ def straggler_slow(records: Sequence[Record]) -> HandlerResult:
     context = chunk_context()
     gate = GATES.get(context.bucket)
     if gate is not None and context.key == BIG and context.chunk == gate[0]:
+        REACHED.add(context.bucket)
         gate[1].wait(120)
     time.sleep(0.05)
     return HandlerResult([r.value for r in records], [])
@@ -209,8 +213,10 @@ async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its
     big = entries[BIG]
     # It stopped at a chunk boundary after the gated chunk (once the cancellation reached it with a
     # heartbeat's response): its records are those of its committed chunks, each exactly once, in order.
+    # (Started late on a loaded machine, it may have stopped for the hand-over before reaching the gate.)
     assert big["status"] == "cancelled", big
-    assert (gate_chunk + 1) * 100 <= big["records"] < BIG_ROWS and big["records"] % 100 == 0, big
+    floor = (gate_chunk + 1) * 100 if src in REACHED else 0
+    assert floor <= big["records"] < BIG_ROWS and big["records"] % 100 == 0, big
     ids = [int(r["id"]) for r in read_jsonl(s3, out, f"o/{BIG}/")]
     assert ids == list(range(big["records"]))
     for key in SMALLS:

@@ -1,9 +1,10 @@
 """The workflow's books, searched for counterexamples: the real ``S3BatchWorkflow`` on the real dev
 server, with stub activities whose outcomes and delays are drawn at random (seeded).
 
-Whatever happens (files and groups failing, slow listings, pauses, concurrency changes, cancellation,
-continue-as-new every few files), the job's report must list every listed key exactly once, with
-the outcome the stubs decided, and the workflow must never fail a task. The stubs stand in for S3
+Whatever happens (files and groups failing, big files in splits that fail or are cancelled, slow
+listings, pauses, concurrency changes, cancellation, continue-as-new every few files), the job's report
+must list every listed key exactly once, with the outcome the stubs decided, and the workflow must never
+fail a task. The stubs stand in for S3
 only: the workflow under test, its retries, timers and updates are the real ones.
 """
 
@@ -47,6 +48,8 @@ from tests.helpers.workers import record_reliability
 
 SMALL = 100
 """Size of a stub object that is grouped (the jobs below group objects under 1,000 bytes)."""
+BIG = 200_000
+"""Size of a stub object over the jobs' ``split_bytes``: processed in splits, one per free slot."""
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Scenario:
             seed=seed,
             keys=keys,
             pages=pages,
-            sizes={k: rng.choice([SMALL, SMALL, 5_000]) for k in keys},
+            sizes={k: rng.choice([SMALL, SMALL, 5_000, BIG]) for k in keys},
             failing={k for k in keys if rng.random() < 0.2},
             group_failures=rng.choice([0.0, 0.3, 0.7]),
             list_delay=(0.0, rng.choice([0.05, 0.5, 1.5])),
@@ -135,7 +138,9 @@ class Stubs:
         key = req.obj.key
         if key in sc.failing:
             raise ApplicationError(f"stub: {key} is a bad file", type="BadFile", non_retryable=True)
-        return FileResult(key=key, etag=req.obj.etag, status="succeeded", records=3, records_written=3)
+        # A file's records, once: a file in splits has them in its first split.
+        records = 3 if req.split is None or req.split.index == 0 else 0
+        return FileResult(key=key, etag=req.obj.etag, status="succeeded", records=records, records_written=records)
 
     @activity.defn(name="s3batch.process_file")
     async def process_file(self, req: ProcessFileInput) -> FileResult:
@@ -231,6 +236,7 @@ def _job(sc: Scenario, prefix: str, **kw: Any) -> dict[str, Any]:
         "max_concurrent_files": sc.rng.randint(1, 6),
         "group_max_files": sc.rng.choice([1, 3, 10]),
         "group_max_bytes": 1_000,
+        "split_bytes": 65_536,
         "heartbeat_timeout_seconds": 5,
         "max_attempts": 2,
         "max_failed_files": 10_000,

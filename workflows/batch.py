@@ -330,9 +330,9 @@ class S3BatchWorkflow:
     async def _process_splits(self, obj: ObjectRef, count: int) -> None:
         """Process a big file as ``count`` byte-range splits at once; record one result for it."""
         spec = self._spec
-        results, error = await run_splits(spec, obj, count, self._ending)
         try:
-            outcome = split_outcome(self._books, spec, obj, (results, error), stopped=self._ending())
+            ended = await run_splits(spec, obj, count, self._ending)
+            outcome = split_outcome(self._books, spec, obj, ended, stopped=self._ending())
             if outcome is not None:  # else put back, to be processed whole
                 self._books.record_group([obj], outcome, spec.bucket)
         except ApplicationError as err:

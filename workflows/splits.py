@@ -120,7 +120,11 @@ async def run_splits(spec: S3BatchInput, obj: ObjectRef, count: int, ending: Cal
     if not all(h.done() for h in handles):
         for h in handles:
             h.cancel()
-        await workflow.wait(handles)
+    while not all(h.done() for h in handles):
+        # Each split stops at its next chunk boundary (WAIT_CANCELLATION_COMPLETED); a cancel of the job
+        # arriving meanwhile (a split failed first) changes nothing: they are stopping already.
+        with contextlib.suppress(asyncio.CancelledError):
+            await workflow.wait(handles)
     results: list[FileResult] = []
     error: ActivityError | None = None
     for h in handles:
