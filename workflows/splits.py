@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.formats import resolve_format
     from s3batch.messages import FileResult, JobState, ObjectRef, ReasonCount, SplitRange
     from s3batch.models import S3BatchInput
-    from s3batch.rejects import MAX_REASONS, FileLimits, crossed, describe_reasons, ratio, warnings_of
+    from s3batch.rejects import FileLimits, crossed, describe_reasons, merge, ratio, warnings_of
 
 _UTF8 = (None, "utf-8", "utf8", "utf_8")
 
@@ -71,7 +71,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
     for r in results:
         for reason in r.reject_reasons or []:
             tally[reason.reason] += reason.count
-    ranked = sorted(tally.items(), key=lambda item: (-item[1], item[0]))[:MAX_REASONS]
+    ranked = merge([], tally)  # the most common reasons, as a file's checkpoint keeps them
     warnings = warnings_of(rejected, records, ranked, None)
     for r in results:  # a delimiter hint (found by the first split)
         warnings += [w for w in r.warnings or [] if "of its records were rejected" not in w and w not in warnings]
