@@ -65,12 +65,14 @@ def test_fast_path_reads_every_record_line_and_offset_as_the_exact_parser(
 
 
 @bounded
-@given(data=csv_files(), block=st.sampled_from([16, 200, 1 << 20]), data_st=st.data())
+@given(data=csv_files(), block=st.sampled_from([16, 200, 1 << 20]), as_csv=st.booleans(), data_st=st.data())
 def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_takes_records(
-    data: bytes, block: int, data_st: Any
+    data: bytes, block: int, as_csv: bool, data_st: Any
 ) -> None:
     """``take_json`` (``want`` records, or fewer once ``until`` is reached) against the exact parser's
-    records through the ``passthrough`` handler, with the same stop rule (``_take`` in the chunk loop)."""
+    records through the ``passthrough`` handler, with the same stop rule (``_take`` in the chunk loop).
+    ``as_csv`` (rows kept as the file's CSV, for a table's ``COPY``): the same records and sizes (counted
+    from the values' lengths, not documents), the file's own bytes of those rows and their lines."""
     try:
         reference = walk(CsvParser(io.BytesIO(data)))
     except ValueError:
@@ -82,7 +84,9 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
     while at < len(records):
         want = data_st.draw(st.integers(1, 30))
         until = fast.offset + data_st.draw(st.integers(1, 400))
-        n, pieces, reached, size = fast.take_json(want, until)
+        start = fast.offset
+        lines: list[int] | None = [] if as_csv else None
+        n, pieces, reached, size = fast.take_json(want, until, lines)
         if n == 0:
             record = next(it)
             assert record == records[at]
@@ -91,7 +95,11 @@ def test_passthrough_at_once_is_the_passthrough_handler_taken_as_the_chunk_loop_
         taken = records[at : at + n]
         assert all(r.error is None for r in taken)
         documents = passthrough(taken).output
-        assert b"\n".join(pieces) == b"\n".join(documents)
+        if lines is None:
+            assert b"\n".join(pieces) == b"\n".join(documents)
+        else:
+            assert b"".join(pieces) == data[start : bounds[at + n - 1][0]]
+            assert lines == [r.line for r in taken]
         assert size == sum(len(d) for d in documents)
         # _take's rule: stop after `want` records, or after the first record whose end reaches `until`.
         ends = [offset for offset, _ in bounds[at : at + n]]

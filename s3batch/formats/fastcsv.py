@@ -119,6 +119,7 @@ class FastCsvParser:
         self._extra: Any = False
         """The line breaks inside each row's fields (``BlockReader.extra_lines``; False: not counted yet)."""
         self._json: tuple[bytes, list[int]] | bool | None = False  # False: not built yet; None: not possible
+        self._sizes: list[int] | bool | None = False  # the same
         self._done = False
         self.fast_records = 0
         """Records read by the fast path (the rest were read by the exact parser)."""
@@ -163,7 +164,8 @@ class FastCsvParser:
             extra = self._extra_lines(block)
             if extra is None:
                 return None
-            self._spans = list(itertools.accumulate((1 + e for e in extra.to_pylist()), initial=0))
+            assert self._blocks is not None
+            self._spans = self._blocks.line_spans(block)
         return self._spans
 
     # ------------------------------------------------------------------ reading
@@ -268,6 +270,7 @@ class FastCsvParser:
         self._values_at = 0
         self._row = 0
         self._json = False
+        self._sizes = False
         self._spans = None
         self._extra = False
 
@@ -328,10 +331,16 @@ class FastCsvParser:
                 if self._exact is not None or self._done or not self._next_block() or self._exact is not None:
                     break
                 continue
-            encoded = self._block_json(block)
-            if encoded is None:
-                break
-            blob, ends = encoded
+            if csv_lines is None:
+                encoded = self._block_json(block)
+                if encoded is None:
+                    break
+                blob, ends = encoded
+            else:  # the rows stay CSV: their JSON documents' sizes only (the byte budget counts those)
+                sizes = self._block_sizes(block)
+                if sizes is None:
+                    break
+                ends = sizes
             row = self._row
             reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
             n = min(want - taken, reach - row + 1, block.rows - row)
@@ -397,10 +406,17 @@ class FastCsvParser:
         first = self._line
         if spans is None:
             return range(first + row, first + row + n)
-        return [first + spans[i] for i in range(row, row + n)]
+        return list(map(first.__add__, spans[row : row + n]))
 
     def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
         if self._json is False:
             assert self._blocks is not None
             self._json = self._blocks.json_rows(block)
         return self._json  # type: ignore[return-value]
+
+    def _block_sizes(self, block: Block) -> list[int] | None:
+        """Where each row's JSON document starts (``BlockReader.json_ends``), counted once a block."""
+        if self._sizes is False:
+            assert self._blocks is not None
+            self._sizes = self._blocks.json_ends(block)
+        return self._sizes  # type: ignore[return-value]
