@@ -104,14 +104,15 @@ def check_key_length(req: ProcessFileInput, compression: Compression | None, whe
     # A chunk holds at least one record and may end before chunk_records at the byte budget
     # (S3BATCH_MAX_CHUNK_BYTES): only the number of records bounds the number of chunks.
     max_chunks = max_records
-    longest = layout.longest_output_key(req.output_prefix, req.obj.key, max_chunks)
+    split = None if req.split is None else req.split.index
+    longest = layout.longest_output_key(req.output_prefix, req.obj.key, max_chunks, split)
     size = len(longest.encode())
     if size > layout.MAX_KEY_BYTES:
         raise OutputKeyTooLong(
             f"the output keys of {where} would be up to {size} bytes, over S3's limit of "
             f"{layout.MAX_KEY_BYTES} bytes (output_prefix: {len(req.output_prefix.encode())} bytes, "
             f"the source key: {len(layout.encode_key(req.obj.key).encode())} bytes as written, then "
-            f"'/{layout.rejects_name(0)}'); use a shorter output_prefix or a shorter source key. "
+            f"'/{layout.rejects_name(0, split)}'); use a shorter output_prefix or a shorter source key. "
             "Nothing was written for this file."
         )
 

@@ -97,9 +97,10 @@ def rejects_key(output_prefix: str, key: str, chunk: int) -> str:
     return file_dir(output_prefix, key) + rejects_name(chunk)
 
 
-def longest_output_key(output_prefix: str, key: str, max_chunks: int) -> str:
-    """The longest key a file of at most ``max_chunks`` chunks can write (its last rejects)."""
-    return rejects_key(output_prefix, key, max(max_chunks - 1, 0))
+def longest_output_key(output_prefix: str, key: str, max_chunks: int, split: int | None = None) -> str:
+    """The longest key a file of at most ``max_chunks`` chunks can write (its last rejects; ``split``: of
+    the byte-range split writing them, whose names are 4 bytes longer)."""
+    return file_dir(output_prefix, key) + rejects_name(max(max_chunks - 1, 0), split)
 
 
 def report_key(output_prefix: str) -> str:

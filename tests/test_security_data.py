@@ -36,6 +36,7 @@ from s3batch.messages import (
     ProcessFileInput,
     ProcessGroupInput,
     ReportSegmentInput,
+    SplitRange,
     Totals,
 )
 from s3batch.models import JobSpec, S3BatchInput
@@ -512,4 +513,19 @@ def test_output_key_length_counts_the_chunks_the_byte_budget_can_make(s3: Any, b
     with pytest.raises(ApplicationError) as info:
         _run(S3Activities(s3, Settings()), "process_file", _file(buckets, obj, chunk_records=10_000))
     assert info.value.type == "OutputKeyTooLong" and "would be up to 1025 bytes" in info.value.message
+    assert _keys(s3, buckets[1]) == []
+
+
+def test_output_key_length_counts_a_splits_longer_names(s3: Any, buckets: tuple[str, str]) -> None:
+    """A byte-range split writes ``rejects-SSS-CCCCC.jsonl``, 4 bytes longer than a whole file's names: a key
+    whose whole-file names fit exactly fails its split at once, clearly, before writing anything (it used to
+    fail at its first rejects' PUT with S3's own error)."""
+    key = "kkk/" + "/".join(["a" * 200] * 5)[:-12] + ".jsonl"
+    obj = _upload(s3, buckets[0], key, b'{"n": 1}\n' * 5)
+    assert len(layout.longest_output_key("o/", key, obj.size + 1).encode()) == 1024  # the whole file's names fit
+    split = SplitRange(index=1, count=2, start=20, end=45)
+    with pytest.raises(ApplicationError) as info:
+        _run(S3Activities(s3, Settings()), "process_file", _file(buckets, obj, chunk_records=1, split=split))
+    assert info.value.type == "OutputKeyTooLong" and "would be up to 1028 bytes" in info.value.message
+    assert "rejects-001-00000.jsonl" in info.value.message
     assert _keys(s3, buckets[1]) == []
