@@ -54,6 +54,8 @@ def list_incremental_page(s3: S3Client, req: ListIncrementalInput, put: Any) -> 
     """One page of ListObjectsV2 under the prefix, keeping the objects the ledger does not know in their
     current version; what the page took is recorded under the run's output (``put(bucket, key, body)``)."""
     ledger, etag = read_ledger(s3, req.ledger)
+    if req.job_id is not None:
+        _refuse_a_second_start(ledger, req.ledger, req.job_id, req.execution)
     kwargs: dict[str, Any] = {"Bucket": req.bucket, "Prefix": req.prefix, "MaxKeys": req.page_size}
     if req.continuation_token:
         kwargs["ContinuationToken"] = req.continuation_token
@@ -83,6 +85,23 @@ def list_incremental_page(s3: S3Client, req: ListIncrementalInput, put: Any) -> 
     return ListObjectsResult(objects=objects, next_token=token)
 
 
+def _refuse_a_second_start(ledger: Ledger, uri: str, job_id: str, execution: str | None) -> None:
+    """Raise ``InvalidInput`` when a job of the same workflow ID, but another workflow, already ran on the
+    ledger: its output prefix (``runs/{job-id}/``) and its name in the ledger are that job's, so this one
+    would overwrite its report and record nothing (the ledger takes it for that job's retry): every file it
+    processed would be taken again by the next run."""
+    earlier = ledger.ran_before(job_id, execution)
+    if earlier is None:
+        return
+    report = earlier.get("report") or "its report"
+    raise InvalidInput(
+        f"job {job_id!r} already ran on the ledger {uri}ledger.json (another workflow of the same ID: {report}); "
+        "a job ID runs once on a ledger, its output folder and its name in the ledger are that run's. Nothing "
+        "was listed or processed: start the job under a new workflow ID (a schedule's past tick that already "
+        "ran is not run again: `s3batch backfill` refuses it)"
+    )
+
+
 def _server_time(response: Any) -> datetime.datetime:
     """The S3 server's clock at the response (its ``Date``), else this worker's."""
     date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
@@ -102,8 +121,9 @@ def write_ledger(s3: S3Client, req: WriteLedgerInput, put_ledger: Any) -> str:
     """
     old, etag = read_ledger(s3, req.ledger)
     bucket, key = ledger_location(req.ledger)
-    if old.last_run == req.run_id:
-        return key
+    if old.last_run == req.run_id and old.last_execution in (None, req.execution):
+        return key  # this job's retry (or an earlier version's record of it)
+    _refuse_a_second_start(old, req.ledger, req.run_id, req.execution)
     pages = [PageRecord.model_validate_json(body) for body in _page_bodies(s3, req.output_bucket, req.output_prefix)]
     if any(page.ledger_etag != etag for page in pages):
         raise SourceChanged(

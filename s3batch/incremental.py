@@ -73,6 +73,8 @@ class Ledger(BaseModel):
     near: dict[str, tuple[str, str]] = Field(default_factory=dict)
     retry: dict[str, str] = Field(default_factory=dict)
     last_run: str | None = None
+    last_execution: str | None = None
+    """The first run ID of the last job's workflow (None: written by an earlier version)."""
     runs: list[dict[str, Any]] = Field(default_factory=list)
     totals: dict[str, int] = Field(default_factory=dict)
 
@@ -98,6 +100,17 @@ class Ledger(BaseModel):
             return None
         return "changed" if known is not None else "new"
 
+    def ran_before(self, job_id: str, execution: str | None) -> dict[str, Any] | None:
+        """The summary of an earlier job of workflow ID ``job_id`` that was another workflow (its first run ID
+        is not ``execution``): a second start of one ID, e.g. a schedule's tick run again by ``temporal
+        schedule backfill``. None when there is none (or the ledger or the job do not say)."""
+        if execution is None:
+            return None
+        found = [r for r in self.runs if r.get("run") == job_id and r.get("execution") not in (None, execution)]
+        if self.last_run == job_id and self.last_execution not in (None, execution):
+            found.append(self.runs[-1] if self.runs else {"run": job_id})
+        return found[-1] if found else None
+
 
 class ListIncrementalInput(BaseModel):
     """A page of an incremental job's listing (``s3batch.list_incremental``)."""
@@ -115,6 +128,10 @@ class ListIncrementalInput(BaseModel):
     output_bucket: str
     output_prefix: str
     """The run's own output prefix: the page's record goes under its ``_s3batch/incremental/``."""
+    job_id: str | None = None
+    """The job's workflow ID (None from a workflow of an earlier version)."""
+    execution: str | None = None
+    """The job's first run ID (``workflow.info().first_execution_run_id``: the same through continue-as-new)."""
 
 
 class WriteLedgerInput(BaseModel):
@@ -124,6 +141,9 @@ class WriteLedgerInput(BaseModel):
 
     ledger: str
     run_id: str
+    """The job's workflow ID."""
+    execution: str | None = None
+    """The job's first run ID (see ``ListIncrementalInput.execution``)."""
     source: str
     window_seconds: int = DEFAULT_WINDOW_SECONDS
     output_bucket: str
@@ -216,6 +236,7 @@ def advance(
     }
     summary = {
         "run": req.run_id,
+        **({} if req.execution is None else {"execution": req.execution}),
         "status": req.status,
         "listed_at": listed_at,
         "succeeded": len(succeeded),
@@ -234,6 +255,7 @@ def advance(
         near=near,
         retry=dict(sorted(retry.items())),
         last_run=req.run_id,
+        last_execution=req.execution,
         runs=[*old.runs, summary][-KEPT_RUNS:],
         totals=totals,
     )

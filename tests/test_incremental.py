@@ -205,6 +205,36 @@ async def test_run_resumes_across_continue_as_new(client: Client, worker: Worker
     assert not [k for k in list_keys(s3, out, "inc/runs/") if "/runs/" in k[len("inc/runs/") :]]
 
 
+async def test_a_second_workflow_of_one_job_id_is_refused_before_it_lists(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets
+):
+    """A job ID started again once its workflow closed (``temporal schedule backfill`` over a tick that already
+    ran, or ``temporal workflow start`` with the same ID) fails at its first listing page, naming the earlier
+    run: it would write into that run's output folder (its report overwritten) and its ledger write would be
+    taken for that run's retry and record nothing, so the next run would process its files a second time."""
+    src, out = buckets
+    put_files(s3, src, {f"in/a{i}.jsonl": f'{{"v": "a{i}"}}\n'.encode() for i in range(2)})
+    job = _job(src, out, handler="passthrough")
+    job_id = new_id("inc-twice")
+    await client.execute_workflow(S3BatchWorkflow.run, job, id=job_id, task_queue=task_queue)
+    report_key = f"{run_output_prefix('inc/', job_id)}_report.json"
+    report = s3.get_object(Bucket=out, Key=report_key)["Body"].read()
+    ledger = _ledger(s3, out)
+    assert ledger["last_run"] == job_id and ledger["last_execution"] and ledger["runs"][-1]["execution"]
+
+    s3.put_object(Bucket=src, Key="in/b.jsonl", Body=b'{"v": "b"}\n')
+    with pytest.raises(WorkflowFailureError) as failed:
+        await client.execute_workflow(S3BatchWorkflow.run, job, id=job_id, task_queue=task_queue)
+    message = str(failed.value.cause.cause if failed.value.cause.cause else failed.value.cause)
+    assert f"job {job_id!r} already ran on the ledger" in message and "Nothing was listed or processed" in message
+    assert s3.get_object(Bucket=out, Key=report_key)["Body"].read() == report  # the first run's report kept
+    assert _ledger(s3, out) == ledger
+    assert sorted(_processed(s3, out, job_id)) == ["in/a0.jsonl", "in/a1.jsonl"]
+
+    later = await _run_job(client, task_queue, s3, out, job)  # a new ID takes what the refused start did not
+    assert later == {"in/b.jsonl": [{"v": "b"}]}
+
+
 async def test_cancelled_run_leaves_the_rest_to_the_next(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets
 ):
@@ -270,3 +300,18 @@ def test_write_ledger_is_idempotent_and_refuses_a_ledger_changed_meanwhile(s3: A
     with pytest.raises(SourceChanged, match="changed while job 'r2' ran"):
         write_ledger(s3, stale, put_ledger)
     assert s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read() == body
+
+
+def test_a_ledger_names_an_earlier_workflow_of_the_same_job_id_only_when_both_say_theirs() -> None:
+    """``Ledger.ran_before``: another workflow of the job ID in the last run or in the kept summaries; never for
+    the same workflow (its retry, or a later run of its continue-as-new chain), nor where the ledger (written
+    by an earlier version) or the job (an earlier version's workflow) does not record one."""
+    summary = {"run": "job-a", "execution": "E1", "report": "s3://out/inc/runs/job-a/_report.json"}
+    ledger = Ledger(last_run="job-b", last_execution="E9", runs=[summary, {"run": "job-b", "execution": "E9"}])
+    assert ledger.ran_before("job-a", "E2") == summary
+    assert ledger.ran_before("job-a", "E1") is None
+    assert ledger.ran_before("job-a", None) is None
+    assert ledger.ran_before("job-b", "E3") == {"run": "job-b", "execution": "E9"}
+    assert ledger.ran_before("job-c", "E4") is None
+    legacy = Ledger(last_run="job-a", runs=[{"run": "job-a"}])
+    assert legacy.ran_before("job-a", "E2") is None

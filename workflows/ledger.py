@@ -45,6 +45,8 @@ async def list_incremental_page(
             window_seconds=spec.incremental.window_seconds,
             output_bucket=spec.output_bucket,
             output_prefix=spec.output_prefix,
+            job_id=workflow.info().workflow_id,
+            execution=workflow.info().first_execution_run_id,
         ),
         start_to_close_timeout=SHORT_TIMEOUT,
         retry_policy=SHORT_RETRY,
@@ -63,6 +65,7 @@ async def write_ledger(
         WriteLedgerInput(
             ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
             run_id=workflow.info().workflow_id,
+            execution=workflow.info().first_execution_run_id,
             source=f"s3://{spec.bucket}/{spec.prefix}",
             window_seconds=spec.incremental.window_seconds,
             output_bucket=spec.output_bucket,
