@@ -400,7 +400,11 @@ class FileJob:
         if force or now - self._beat_at >= BEAT_INTERVAL:
             self._beat_at = now
             assert self.checkpoint is not None
-            activity.heartbeat(*HeartbeatDetails(self.checkpoint, self._index).args())
+            activity.heartbeat(*self._details().args())
+
+    def _details(self) -> HeartbeatDetails:
+        """What :meth:`_beat` sends: the last committed checkpoint (and the file's place in its group)."""
+        return HeartbeatDetails(self.checkpoint, self._index)
 
     def _stop_if_asked(self) -> None:
         """At a chunk boundary: hand the file over when the worker is shutting down (its last chunk's

@@ -8,6 +8,7 @@ import contextvars
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -113,15 +114,19 @@ class _GroupFile(FileJob):
     """A file of a group, run on one of the group's threads: besides a worker shutdown, it stops at
     its next chunk boundary (after its last checkpoint) once its group is stopping."""
 
-    def __init__(self, *args: Any, stop: threading.Event, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stop: threading.Event, done: Callable[[], int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._group_stop = stop
+        self._group_done = done
 
     def _stop_if_asked(self) -> None:
         super()._stop_if_asked()
         if _stopping(self._group_stop):
             self.behind.settle()  # the last chunk's part, if written behind, is committed first
             raise _Stopped
+
+    def _details(self) -> HeartbeatDetails:
+        return HeartbeatDetails(self.checkpoint, self._index, self._group_done())
 
 
 class _GroupRun:
@@ -145,6 +150,8 @@ class _GroupRun:
         self.error: BaseException | None = None
         """The first transient or unexpected error of a file: raised once every file has stopped."""
         self._left = len(items)
+        self.done_bytes = 0
+        """Source bytes of the files finished (``HeartbeatDetails.group_done``: ``s3batch watch``'s progress)."""
         self._lock = threading.Lock()
         self._all_done = threading.Event()
 
@@ -191,9 +198,12 @@ class _GroupRun:
         hint = self.beat.checkpoint if index == self.beat.group_index else None
         try:
             self.jobs[index] = job = _GroupFile(
-                self.s3, self.settings, item, hint, index, fresh=self.fresh, pools=self.pools, stop=self.stop
+                self.s3, self.settings, item, hint, index, fresh=self.fresh, pools=self.pools, stop=self.stop,
+                done=lambda: self.done_bytes,
             )
             self.results[index] = job.run()
+            with self._lock:
+                self.done_bytes += item.obj.size
         except _Stopped:
             pass
         except S3BatchError as err:

@@ -88,23 +88,32 @@ class HeartbeatDetails(NamedTuple):
     """What a file activity heartbeats: its last checkpoint, and in a group the file's position.
 
     On the wire (``activity.heartbeat(*details)``): ``[checkpoint]`` for a file, ``[checkpoint,
-    group_index]`` for the ``group_index``-th file of a group. The SDK hands the checkpoint back as a plain dict.
+    group_index, group_done]`` for the ``group_index``-th file of a group (``group_done``: from this version on;
+    a reader of an earlier version reads the first two). The SDK hands the checkpoint back as a plain dict.
     """
 
     checkpoint: Any
     """The checkpoint as sent, or as handed back (a dict: see :meth:`read`); None: none yet."""
     group_index: int | None = None
     """Position of the file in its group (None: a single file)."""
+    group_done: int | None = None
+    """Source bytes of the group's files this attempt finished, in any order (files run a few at once:
+    the files before ``group_index`` need not be done); None: a single file, or an earlier version's."""
 
     @classmethod
     def of(cls, details: Sequence[Any]) -> HeartbeatDetails:
         """The details of ``activity.info().heartbeat_details`` (empty on a first attempt)."""
         index = details[1] if len(details) >= 2 and isinstance(details[1], int) else None
-        return cls(details[0] if details else None, index)
+        done = details[2] if len(details) >= 3 and isinstance(details[2], int) else None
+        return cls(details[0] if details else None, index, done)
 
     def args(self) -> tuple[Any, ...]:
         """The arguments of ``activity.heartbeat``."""
-        return (self.checkpoint,) if self.group_index is None else (self.checkpoint, self.group_index)
+        if self.group_index is None:
+            return (self.checkpoint,)
+        if self.group_done is None:
+            return (self.checkpoint, self.group_index)
+        return (self.checkpoint, self.group_index, self.group_done)
 
     def read(self) -> Checkpoint | None:
         """The checkpoint, validated; None when there is none or it is unreadable."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -140,6 +141,15 @@ def test_a_group_counts_its_earlier_files_as_read():
     assert (f.size, f.fraction, f.bytes_done) == (800, 0.5, 3_400)
     screen = text(watch_renderable(view(progress(), [f]), []))
     assert "in/c.csv (file 3 of 3 in a group)" in screen and "50%" in screen
+
+
+def test_a_group_on_threads_counts_the_files_it_finished_not_those_before_the_one_it_names():
+    # Files of a group run a few at once: file 3 heartbeating says nothing of files 1 and 2; the bytes of the
+    # files finished (here only the second, 2,000 bytes) come with the heartbeat.
+    third = in_flight("in/c.csv", checkpoint(10, 400, 1), [1_000, 2_000, 800], index=2)
+    f = dataclasses.replace(third, group_done=2_000)
+    assert (f.fraction, f.bytes_done) == (0.5, 2_400)
+    assert dataclasses.replace(f, group_done=0).bytes_done == 400
 
 
 def test_no_checkpoint_yet_and_no_progress():

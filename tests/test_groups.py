@@ -7,6 +7,7 @@ cancel, so what overlaps is decided by the test, not by the scheduler."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import threading
 import uuid
@@ -119,20 +120,22 @@ class Gated:
 
 
 class Beats:
-    """The heartbeats of a group: (file index, checkpoint) in the order they were sent; ``then`` is
-    called with each."""
+    """The heartbeats of a group: (file index, checkpoint) in the order they were sent, and the bytes of the
+    group's files finished that each reported (``done``); ``then`` is called with each."""
 
     def __init__(self, env: ActivityEnvironment, then: Callable[[int, Checkpoint], None] | None = None) -> None:
         self.seen: list[tuple[int, dict[str, Any]]] = []
+        self.done: list[tuple[int, int]] = []
         self.lock = threading.Lock()
         self.then = then
         env.on_heartbeat = self
 
     def __call__(self, *details: Any) -> None:
-        cp, index = details
-        assert isinstance(cp, Checkpoint) and isinstance(index, int)
+        cp, index, done = details
+        assert isinstance(cp, Checkpoint) and isinstance(index, int) and isinstance(done, int)
         with self.lock:
             self.seen.append((index, json.loads(cp.model_dump_json())))
+            self.done.append((index, done))
         if self.then is not None:
             self.then(index, cp)
 
@@ -152,15 +155,23 @@ def test_files_of_a_group_run_at_once_and_each_is_reported_once(
     src, out = buckets
     objs = [upload(s3, src, f"g/{i:02d}.csv", make_csv(25 + i)) for i in range(10)]
     handler = Gated(lambda: handler.most_inside >= 2)
-    results = ActivityEnvironment().run(
-        S3Activities(s3).process_group, group_input(buckets, objs, handler.name, chunk_records=10)
-    )
+    env = ActivityEnvironment()
+    beats = Beats(env)
+    results = env.run(S3Activities(s3).process_group, group_input(buckets, objs, handler.name, chunk_records=10))
     assert [r.key for r in results] == [o.key for o in objs]
     for i, (obj, r) in enumerate(zip(objs, results, strict=True)):
         assert (r.status, r.records, r.records_written, r.chunks) == ("succeeded", 25 + i, 25 + i, 3 + i // 6), r
         assert_exactly_once(s3, out, file_prefix(obj.key), 25 + i)
         assert [cp.chunk for cp in committed_parts(s3, out, file_prefix(obj.key))] == list(range(1, r.chunks + 1))
     assert 2 <= handler.most_inside <= files.GROUP_THREADS
+    # Each heartbeat's bytes of finished files (``s3batch watch``'s progress) add up sizes of other files,
+    # never the heartbeating file's own or more than the group holds; files ran out of order, so it is not
+    # the sizes of the files before it.
+    sizes = [o.size for o in objs]
+    subsets = itertools.product((0, 1), repeat=len(sizes))
+    sums = {sum(s for s, keep in zip(sizes, bits, strict=True) if keep) for bits in subsets}
+    assert beats.done and all(done in sums and done + sizes[i] <= sum(sizes) for i, done in beats.done)
+    assert max(done for _, done in beats.done) >= sum(sizes) - max(sizes) * files.GROUP_THREADS
 
 
 def test_cancel_stops_every_file_in_flight_at_a_chunk_boundary(

@@ -184,6 +184,9 @@ def test_heartbeat_details_keep_their_wire_shape() -> None:
     cp = Checkpoint(etag="e", fingerprint="f", next_record=10, chunk=1)
     assert HeartbeatDetails(cp).args() == (cp,)
     assert HeartbeatDetails(cp, 3).args() == (cp, 3)
+    assert HeartbeatDetails(cp, 3, 1_200).args() == (cp, 3, 1_200)  # with the group's finished bytes
+    assert HeartbeatDetails.of([cp.model_dump(mode="json"), 3, 1_200]).group_done == 1_200
+    assert HeartbeatDetails.of([cp.model_dump(mode="json"), 3]).group_done is None  # an earlier version's
     # As the SDK hands them back: plain values.
     back = HeartbeatDetails.of([cp.model_dump(mode="json"), 3])
     assert back.group_index == 3 and back.read() == cp

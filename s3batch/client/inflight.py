@@ -33,11 +33,11 @@ def _input_objects(activity_type: str, value: Any) -> tuple[list[ObjectRef], Spl
     return [req.obj], req.split
 
 
-def _heartbeat(details: list[Any]) -> tuple[Checkpoint | None, int]:
-    """A file activity's last checkpoint and which file of its group it is about (0 for a single
-    file); no checkpoint before its first heartbeat."""
+def _heartbeat(details: list[Any]) -> tuple[Checkpoint | None, int, int | None]:
+    """A file activity's last checkpoint, which file of its group it is about (0 for a single file) and the
+    bytes of the group's files finished (None where not sent); no checkpoint before its first heartbeat."""
     heartbeat = HeartbeatDetails.of(details)
-    return heartbeat.read(), heartbeat.group_index or 0
+    return heartbeat.read(), heartbeat.group_index or 0, heartbeat.group_done
 
 
 async def _read_objects(client: Client, workflow_id: str, run_id: str, wanted: set[str], cache: ObjectsCache) -> None:
@@ -72,7 +72,7 @@ async def in_flight_files(
     files = []
     for p in pending:
         payloads = p.heartbeat_details.payloads
-        checkpoint, index = _heartbeat(await client.data_converter.decode(payloads) if payloads else [])
+        checkpoint, index, group_done = _heartbeat(await client.data_converter.decode(payloads) if payloads else [])
         group, split = cache.get((run_id, p.activity_id), ([], None))
         files.append(
             InFlightFile(
@@ -88,6 +88,7 @@ async def in_flight_files(
                 group_files=len(group),
                 group_index=index,
                 sizes=[obj.size for obj in group],
+                group_done=group_done,
                 split=split,
             )
         )

@@ -32,6 +32,9 @@ class InFlightFile:
     """Which of the group's files ``key`` and ``checkpoint`` are about."""
     sizes: list[int] = field(default_factory=list)
     """Object sizes of the activity's files, in order (from its input; empty if unknown)."""
+    group_done: int | None = None
+    """Source bytes of the group's files finished, in any order (``HeartbeatDetails.group_done``; None: a
+    single file, or a worker of an earlier version: the files before ``group_index`` are taken as done)."""
     split: SplitRange | None = None
     """The byte range of a big file this activity processes (``S3BatchInput.split_bytes``); None: all of it."""
 
@@ -76,9 +79,11 @@ class InFlightFile:
 
     @property
     def bytes_done(self) -> int:
-        """Source bytes of this activity already consumed: the group's earlier files (finished)
-        and the current file up to its checkpoint (0 for gzip, whose offset is unknown)."""
-        return sum(self.sizes[: self.group_index]) + self.done_in_span
+        """Source bytes of this activity already consumed: the group's finished files and the current file up
+        to its checkpoint (0 for gzip, whose offset is unknown). A group's other files in flight are not
+        counted: a few files at once, the heartbeat names one."""
+        done = sum(self.sizes[: self.group_index]) if self.group_done is None else self.group_done
+        return done + self.done_in_span
 
     def to_json(self) -> dict[str, Any]:
         return {
