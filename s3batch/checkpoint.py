@@ -87,9 +87,8 @@ class Checkpoint(BaseModel):
 class HeartbeatDetails(NamedTuple):
     """What a file activity heartbeats: its last checkpoint, and in a group the file's position.
 
-    On the wire (``activity.heartbeat(*details)``): ``[checkpoint]`` for a file, ``[checkpoint,
-    group_index, group_done]`` for the ``group_index``-th file of a group (``group_done``: from this version on;
-    a reader of an earlier version reads the first two). The SDK hands the checkpoint back as a plain dict.
+    On the wire (``activity.heartbeat(*details)``): ``[checkpoint]`` for a file, ``[checkpoint, group_index,
+    group_done]`` for the ``group_index``-th file of a group. The SDK hands the checkpoint back as a plain dict.
     """
 
     checkpoint: Any
@@ -97,8 +96,7 @@ class HeartbeatDetails(NamedTuple):
     group_index: int | None = None
     """Position of the file in its group (None: a single file)."""
     group_done: int | None = None
-    """Source bytes of the group's files this attempt finished, in any order (files run a few at once:
-    the files before ``group_index`` need not be done); None: a single file, or an earlier version's."""
+    """Bytes of the group's files finished, in any order (None: a single file, or an earlier version's)."""
 
     @classmethod
     def of(cls, details: Sequence[Any]) -> HeartbeatDetails:
@@ -109,11 +107,7 @@ class HeartbeatDetails(NamedTuple):
 
     def args(self) -> tuple[Any, ...]:
         """The arguments of ``activity.heartbeat``."""
-        if self.group_index is None:
-            return (self.checkpoint,)
-        if self.group_done is None:
-            return (self.checkpoint, self.group_index)
-        return (self.checkpoint, self.group_index, self.group_done)
+        return self[: 1 if self.group_index is None else 2 if self.group_done is None else 3]
 
     def read(self) -> Checkpoint | None:
         """The checkpoint, validated; None when there is none or it is unreadable."""
@@ -146,14 +140,8 @@ def fingerprint(
         sink: The sink's shape (``S3Sink.shape()``, ``PostgresSink.shape()``); None for the default
             JSONL parts, whose fingerprint is then the one earlier releases computed.
     """
-    shape: dict[str, Any] = {
-        "v": 1,
-        "format": fmt,
-        "gzip": compression == "gzip",
-        "handler": handler,
-        "chunk_records": chunk_records,
-        "max_record_bytes": max_record_bytes,
-    }
+    shape: dict[str, Any] = {"v": 1, "format": fmt, "gzip": compression == "gzip", "handler": handler}
+    shape.update(chunk_records=chunk_records, max_record_bytes=max_record_bytes)
     if compression not in (None, "gzip"):
         shape["compression"] = compression
     if reading:

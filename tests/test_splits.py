@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from s3batch.activities import file_setup
 from s3batch.activities.s3_activities import S3Activities
 from s3batch.activities.splits import SplitSource
+from s3batch.workflows.splits import split_ranges
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from s3batch import layout
 from s3batch.checkpoint import Checkpoint
 from s3batch.handlers import ChunkContext
-from s3batch.messages import FileResult, ObjectRef, ProcessFileInput, SplitRange
+from s3batch.messages import FileResult, ObjectRef, ProcessFileInput
 from tests.helpers.data import messy_csv
 
 
@@ -81,11 +82,6 @@ def run(s3: Any, req: ProcessFileInput, *, details: Sequence[Any] = (), crash_at
     return env.run(S3Activities(s3).process_file, req)
 
 
-def nominal(size: int, count: int) -> list[SplitRange]:
-    cuts = [size * i // count for i in range(count + 1)]
-    return [SplitRange(index=i, count=count, start=cuts[i], end=cuts[i + 1]) for i in range(count)]
-
-
 def outputs(s3: Any, out: str, prefix: str, key: str) -> tuple[bytes, bytes, list[str]]:
     """The parts' bytes and the rejects' bytes, each concatenated in name order, and the names."""
     folder = layout.file_dir(prefix, key)
@@ -105,7 +101,7 @@ def assert_same_as_whole(s3: Any, buckets: tuple[str, str], obj: ObjectRef, coun
     """Run ``obj`` whole and as ``count`` splits; their outputs and counts must be the same."""
     out = buckets[1]
     whole = run(s3, request(buckets, obj, "whole/", **kw))
-    results = [run(s3, request(buckets, obj, "split/", split=r, **kw)) for r in nominal(obj.size, count)]
+    results = [run(s3, request(buckets, obj, "split/", split=r, **kw)) for r in split_ranges(obj, count)]
     assert all(r.status == "succeeded" for r in results)
     for field in COUNTS:
         assert sum(getattr(r, field) for r in results) == getattr(whole, field), field
@@ -172,7 +168,7 @@ def test_a_quoted_line_break_at_a_boundary_fails_the_file(s3: Any, buckets: tupl
     data = ("id,note\n" + "\n".join(rows) + "\n").encode()
     obj = upload(s3, buckets[0], "big/quoted.csv", data)
     failures = []
-    for r in nominal(obj.size, 3):
+    for r in split_ranges(obj, 3):
         try:
             run(s3, request(buckets, obj, "split/", split=r))
         except ApplicationError as err:
@@ -187,7 +183,7 @@ def test_a_crashed_split_resumes_from_its_own_checkpoint(s3: Any, buckets: tuple
     lines = [json.dumps({"n": i}).encode() for i in range(400)]
     obj = upload(s3, buckets[0], "big/crash.jsonl", b"\n".join(lines) + b"\n")
     whole = run(s3, request(buckets, obj, "whole/"))
-    splits = nominal(obj.size, 3)
+    splits = split_ranges(obj, 3)
     results = []
     for r in splits:
         req = request(buckets, obj, "split/", split=r)
@@ -208,10 +204,10 @@ def test_splits_of_another_count_are_replaced(s3: Any, buckets: tuple[str, str])
     """A file split in 4 by an earlier job, then in 2 into the same output: the old splits' parts go."""
     lines = [json.dumps({"n": i}).encode() for i in range(300)]
     obj = upload(s3, buckets[0], "big/again.jsonl", b"\n".join(lines) + b"\n")
-    for r in nominal(obj.size, 4):
+    for r in split_ranges(obj, 4):
         run(s3, request(buckets, obj, "split/", split=r))
     run(s3, request(buckets, obj, "whole/"))
-    for r in nominal(obj.size, 2):
+    for r in split_ranges(obj, 2):
         run(s3, request(buckets, obj, "split/", split=r))
     parts, _, names = outputs(s3, buckets[1], "split/", obj.key)
     assert {n.split("-")[1] for n in names} == {"000", "001"}
@@ -276,7 +272,7 @@ def test_any_csv_split_anywhere_reads_like_the_whole_file_or_fails_loudly(
     out = buckets[1]
     whole = run(s3, request(buckets, obj, "whole/", chunk_records=3))
     results, failures = [], []
-    for r in nominal(obj.size, count):
+    for r in split_ranges(obj, count):
         try:
             results.append(run(s3, request(buckets, obj, "split/", split=r, chunk_records=3)))
         except ApplicationError as err:
@@ -299,7 +295,7 @@ def test_a_cancelled_file_in_splits_reports_what_each_split_committed(s3: Any, b
     lines = [json.dumps({"n": i}).encode() for i in range(300)]
     obj = upload(s3, buckets[0], "big/cancel.jsonl", b"\n".join(lines) + b"\n")
     committed = 0
-    for r in nominal(obj.size, 3):
+    for r in split_ranges(obj, 3):
         req = request(buckets, obj, "split/", split=r)
         if r.index == 0:
             committed += run(s3, req).records  # finished: its result is in the merged one

@@ -187,14 +187,6 @@ class BlockReader:
             extra = n if extra is None else pc.add(extra, n)
         return extra
 
-    def line_spans(self, block: Block) -> list[int] | None:
-        """The lines before each good row (and after the last, one more), from :meth:`extra_lines`; None where
-        no field holds a line break (``row`` lines before row ``row``)."""
-        extra = self.extra_lines(block)
-        if extra is None:
-            return None
-        return [0, *_ints(pc.cumulative_sum(pc.add(extra, 1)))]
-
     def json_ends(self, block: Block) -> list[int] | None:
         """Where each row's JSON document would start in :meth:`json_rows`' blob (one more: the end), without
         writing them: the lengths of the values, one byte more for each character orjson escapes in two, and
@@ -246,6 +238,12 @@ def _values(column: Any) -> bytes:
         return b""
     offsets = memoryview(buffers[1]).cast("i")
     return bytes(memoryview(buffers[2])[offsets[column.offset] : offsets[column.offset + len(column)]])
+
+
+def line_spans(extra: Any) -> list[int]:
+    """The lines before each good row of a block (and after the last, one more), from the line breaks inside
+    each row's fields (``BlockReader.extra_lines``)."""
+    return [0, *_ints(pc.cumulative_sum(pc.add(extra, 1)))]
 
 
 def _ints(array: Any) -> list[int]:

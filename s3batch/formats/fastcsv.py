@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from s3batch.formats.common import Record
 from s3batch.formats.csv import DEFAULT_READING, CsvParser
-from s3batch.formats.csv_arrow import Block, BlockReader, dict_maker
+from s3batch.formats.csv_arrow import Block, BlockReader, dict_maker, line_spans
 from s3batch.reading import Reading
 
 BLOCK_BYTES = 1 << 20
@@ -164,8 +164,7 @@ class FastCsvParser:
             extra = self._extra_lines(block)
             if extra is None:
                 return None
-            assert self._blocks is not None
-            self._spans = self._blocks.line_spans(block)
+            self._spans = line_spans(extra)
         return self._spans
 
     # ------------------------------------------------------------------ reading
@@ -337,13 +336,11 @@ class FastCsvParser:
                     break
                 blob, ends = encoded
             else:  # the rows stay CSV: their JSON documents' sizes only (the byte budget counts those)
-                sizes = self._block_sizes(block)
-                if sizes is None:
+                ends = self._block_sizes(block) or []
+                if not ends:  # None: a value orjson writes as \u00XX (the caller takes such rows one by one)
                     break
-                ends = sizes
             row = self._row
-            reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
-            n = min(want - taken, reach - row + 1, block.rows - row)
+            n = self._run(block, want - taken, until)
             size += ends[row + n] - ends[row] - n
             if csv_lines is None:
                 pieces.append(blob[ends[row] : ends[row + n] - 1])
@@ -352,12 +349,7 @@ class FastCsvParser:
                 pieces.append(block.raw[start : block.ends[row + n - 1]])
                 csv_lines.extend(self._lines(block, row, n))
             taken += n
-            self.fast_records += n
-            self._row = row + n
-            stop = self._pos + block.ends[self._row - 1] >= until
-            if self._row == block.rows:
-                self._finish_block()
-            if stop:
+            if self._advance(block, n, until):
                 return taken, pieces, True, size
         return taken, pieces, False, size
 
@@ -379,18 +371,26 @@ class FastCsvParser:
                     break
                 continue
             row = self._row
-            reach = bisect.bisect_left(block.ends, until - self._pos, lo=row)
-            n = min(want - len(out), reach - row + 1, block.rows - row)
+            n = self._run(block, want - len(out), until)
             rows = zip(self._lines(block, row, n), self._dicts(block, row, n), itertools.repeat(None))
             out += map(Record._make, rows)
-            self.fast_records += n
-            self._row = row + n
-            stop = self._pos + block.ends[self._row - 1] >= until
-            if self._row == block.rows:
-                self._finish_block()
-            if stop:
+            if self._advance(block, n, until):
                 break
         return out
+
+    def _run(self, block: Block, want: int, until: int) -> int:
+        """Rows taken at once from ``_row``: ``want`` at most, to the first whose end reaches ``until``."""
+        reach = bisect.bisect_left(block.ends, until - self._pos, lo=self._row)
+        return min(want, reach - self._row + 1, block.rows - self._row)
+
+    def _advance(self, block: Block, n: int, until: int) -> bool:
+        """Move past ``n`` rows of the block read fast; whether the last one's end reached ``until``."""
+        self.fast_records += n
+        self._row += n
+        stop = self._pos + block.ends[self._row - 1] >= until
+        if self._row == block.rows:
+            self._finish_block()
+        return stop
 
     def _dicts(self, block: Block, row: int, n: int) -> list[dict[str, str]]:
         """The ``{column: value}`` dicts of rows ``row`` to ``row + n`` of the block."""
@@ -403,10 +403,9 @@ class FastCsvParser:
     def _lines(self, block: Block, row: int, n: int) -> Iterable[int]:
         """The lines of rows ``row`` to ``row + n`` of the block."""
         spans = self._row_lines(block)
-        first = self._line
         if spans is None:
-            return range(first + row, first + row + n)
-        return list(map(first.__add__, spans[row : row + n]))
+            return range(self._line + row, self._line + row + n)
+        return list(map(self._line.__add__, spans[row : row + n]))
 
     def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
         if self._json is False:
@@ -415,7 +414,6 @@ class FastCsvParser:
         return self._json  # type: ignore[return-value]
 
     def _block_sizes(self, block: Block) -> list[int] | None:
-        """Where each row's JSON document starts (``BlockReader.json_ends``), counted once a block."""
         if self._sizes is False:
             assert self._blocks is not None
             self._sizes = self._blocks.json_ends(block)
