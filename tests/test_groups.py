@@ -164,13 +164,13 @@ def test_files_of_a_group_run_at_once_and_each_is_reported_once(
         assert_exactly_once(s3, out, file_prefix(obj.key), 25 + i)
         assert [cp.chunk for cp in committed_parts(s3, out, file_prefix(obj.key))] == list(range(1, r.chunks + 1))
     assert 2 <= handler.most_inside <= files.GROUP_THREADS
-    # Each heartbeat's bytes of finished files (``s3batch watch``'s progress) add up sizes of other files,
-    # never the heartbeating file's own or more than the group holds; files ran out of order, so it is not
-    # the sizes of the files before it.
+    # Each heartbeat's bytes of finished files (``s3batch watch``'s progress) add up the sizes of other files,
+    # never the heartbeating file's own; the last files to start saw all but the ones beside them finished.
     sizes = [o.size for o in objs]
-    subsets = itertools.product((0, 1), repeat=len(sizes))
-    sums = {sum(s for s, keep in zip(sizes, bits, strict=True) if keep) for bits in subsets}
-    assert beats.done and all(done in sums and done + sizes[i] <= sum(sizes) for i, done in beats.done)
+    subsets = list(itertools.product((0, 1), repeat=len(sizes)))
+    others = [{sum(s for j, (s, b) in enumerate(zip(sizes, bits, strict=True)) if b and j != i) for bits in subsets}
+              for i in range(len(sizes))]
+    assert beats.done and all(done in others[i] for i, done in beats.done)
     assert max(done for _, done in beats.done) >= sum(sizes) - max(sizes) * files.GROUP_THREADS
 
 
