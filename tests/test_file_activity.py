@@ -935,7 +935,9 @@ def test_cancelled_group_reports_its_finished_files_as_succeeded(
 
     def cancel_in_b(*details: Any) -> None:
         beats.append(details)
-        if details[1:] == (1,) and details[0].chunk == 2:
+        if details[1] == 1:  # (checkpoint, group index, bytes of the group's files finished): a is done
+            assert details[2] == a.size
+        if details[1] == 1 and details[0].chunk == 2:
             # Delivered at the end of the chunk being built when part 1 of b was heartbeated: its part 2,
             # written one chunk behind, is waited for and counted.
             env.cancel()
@@ -961,7 +963,7 @@ def test_cancel_after_a_files_final_part_reports_it_succeeded(
     env = ActivityEnvironment()
 
     def cancel_at_end_of_a(*details: Any) -> None:
-        if details[1:] == (0,) and details[0].done:
+        if details[1] == 0 and details[0].done:
             env.cancel()
 
     env.on_heartbeat = cancel_at_end_of_a
