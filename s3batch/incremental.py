@@ -106,9 +106,8 @@ class Ledger(BaseModel):
         schedule backfill``. None when there is none (or the ledger or the job do not say)."""
         if execution is None:
             return None
+        # The last run's summary is the last of ``runs`` (written with ``last_run`` and ``last_execution``).
         found = [r for r in self.runs if r.get("run") == job_id and r.get("execution") not in (None, execution)]
-        if self.last_run == job_id and self.last_execution not in (None, execution):
-            found.append(self.runs[-1] if self.runs else {"run": job_id})
         return found[-1] if found else None
 
 
