@@ -97,6 +97,8 @@ class BlockReader:
         self._csv_special = frozenset({ord(delimiter), ord(quote), 10, 13})
         self._quote = ord(quote)
         self._keys = [("{" if i == 0 else ",") + orjson.dumps(n).decode() + ':"' for i, n in enumerate(names)]
+        self._json_fixed = len("".join(self._keys).encode()) + len(self._keys) - 1 + 3
+        """Bytes of a row's JSON document besides its values: the keys, '"' before each key but the first, '"}\n'."""
 
     def read(self, data: bytes, *, last: bool) -> Block:
         """The good rows at the start of ``data``, which starts at a record and ends after a line end
@@ -203,8 +205,7 @@ class BlockReader:
             total = n if total is None else pc.add(total, n)
         if total is None:
             return [0]
-        fixed = len("".join(self._keys).encode()) + len(self._keys) - 1 + 3  # '"' before each key but the first; '"}\n'
-        return [0, *_ints(pc.cumulative_sum(pc.add(total, fixed)))]
+        return [0, *_ints(pc.cumulative_sum(pc.add(total, self._json_fixed)))]
 
     def json_rows(self, block: Block) -> tuple[bytes, list[int]] | None:
         """The rows of ``table`` as the ``passthrough`` handler writes them (``orjson.dumps`` of the
