@@ -375,11 +375,11 @@ class FileJob:
             committed.append(done_cp)
             self._check_rejects(done_cp)
 
-        if csv_rows is None:
-            self.behind.write(lambda: self.output.commit(cp, new, output, rejects, lines), then)
+        sink: Any = self.output
+        if csv_rows is not None or self.behind.threads > 1:  # a PostgresOutput (takes_csv, writes_at_once)
+            self.behind.write(lambda after: sink.commit(cp, new, output, rejects, lines, csv_rows, after), then)
         else:
-            table: Any = self.output  # a PostgresOutput (takes_csv)
-            self.behind.write(lambda: table.commit(cp, new, output, rejects, lines, csv=csv_rows), then)
+            self.behind.write(lambda _: sink.commit(cp, new, output, rejects, lines), then)
         return committed[0] if committed else new
 
     def _close_behind(self, kind: object, error: BaseException | None, tb: object) -> None:

@@ -126,9 +126,11 @@ def chunk_paths(handler: object, output: object, size: int) -> tuple[bool, bool,
     rows' documents at once from the fast CSV path (``packed``); into a table in insert mode it keeps them
     as the file's own CSV for the database's CSV ``COPY`` (``as_csv``). A file of ``size`` bytes or more
     (``BEHIND_MIN_BYTES``) is written behind the chunk loop: its parts on S3 one chunk behind, its table's
-    transactions as many as the sink allows (``PostgresOutput.writes_behind``); a small file's chunks at once."""
+    transactions as many as the sink allows (``PostgresOutput.writes_behind``, ``writes_at_once`` of them at
+    once); a small file's chunks at once."""
     passing = handler is passthrough
     packed = passing and type(output) is FileOutput
     as_csv = passing and bool(getattr(output, "takes_csv", False))
     depth = int(getattr(output, "writes_behind", 0)) or (1 if isinstance(output, FileOutput) else 0)
-    return packed, as_csv, WriteBehind(bool(depth) and size >= BEHIND_MIN_BYTES, depth)
+    threads = int(getattr(output, "writes_at_once", 1))
+    return packed, as_csv, WriteBehind(bool(depth) and size >= BEHIND_MIN_BYTES, depth, threads)

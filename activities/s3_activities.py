@@ -76,7 +76,8 @@ class S3Activities:
         if self._pools is None:
             from s3batch.sinks.postgres_pools import PostgresPools
 
-            self._pools = PostgresPools(self.settings, max_size=self.settings.max_concurrent_files)
+            # Two connections a file: a big file's chunks are written two at once (PostgresOutput.writes_at_once).
+            self._pools = PostgresPools(self.settings, max_size=2 * self.settings.max_concurrent_files)
         return self._pools
 
     def close(self) -> None:

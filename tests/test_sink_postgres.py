@@ -4,15 +4,18 @@ upsert re-runs, rows the database refuses as rejects, a missing table or columns
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from s3batch.activities import file_setup
 from s3batch.activities.committed import fill_cancelled
@@ -670,3 +673,88 @@ async def test_a_file_over_its_reject_limit_reports_every_chunk_its_table_holds(
     cp = _checkpoint(pg, src, "in/r.csv")
     assert cp is not None and held == cp["records_written"] and cp["chunk"] >= 2
     assert (entry["records_written"], entry["chunks"]) == (held, cp["chunk"])
+
+
+def _file_sink(s3: Any, buckets: tuple[str, str], pools: PostgresPools, table: str, key: str) -> PostgresOutput:
+    src, out = buckets
+    folder = FileOutput(
+        s3, bucket=out, output_prefix="o/", key=key, etag="e1", fingerprint="f", secret=None, put_params={},
+        log_extra={},
+    )
+    spec = PostgresSink(type="postgres", connection="test", table=table)
+    return PostgresOutput(spec, folder, pools, job_id="j", bucket=src, where=f"s3://{src}/{key}")
+
+
+def _poll(predicate: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _advisory_waiters(pg: PostgresServer) -> int:
+    return int(pg.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")[0][0])  # type: ignore[arg-type]
+
+
+def _copying(pg: PostgresServer) -> bool:
+    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY %%'")
+    return bool(found[0][0])
+
+
+def _deadlocks(pg: PostgresServer) -> int:
+    return int(pg.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0][0])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("victim", ["later", "earlier"])
+def test_two_chunks_written_at_once_with_a_key_in_both_commit_in_order_and_once(
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer, table: str, victim: str
+) -> None:
+    """Chunks 1 and 2 of a file written at once on two connections (``_commit_alongside``), both holding id 7,
+    the later chunk's row of it in the table first: the two transactions deadlock (chunk 1 holds the
+    checkpoint row and waits for chunk 2's uncommitted id 7; chunk 2 waits, in the database, for chunk 1 to
+    end). The database rolls one back (the one that waited first: chunk 2, or, when chunk 2 has many more rows
+    to write after id 7, chunk 1) and the chunks still commit in order, each once: id 7 from chunk 1, chunk
+    2's row of it a reject (duplicate key), the checkpoint where chunk 2 left it."""
+    pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}))
+    blocker = psycopg.connect(pg.dsn)
+    try:
+        sink = _file_sink(s3, buckets, pools, table, "in/d.csv")
+        start = Checkpoint(etag="e1", fingerprint="f")
+        c1 = start.model_copy(update={"chunk": 1, "next_record": 2, "records_written": 2, "line": 4})
+        assert sink.commit(start, c1, [encode_json({"id": i, "name": "a"}) for i in (0, 1)], [], [2, 3]) == c1
+        first = [encode_json({"id": i, "name": "a"}) for i in range(2, 8)]  # lines 4-9
+        more = list(range(1_000, 41_000)) if victim == "earlier" else [8, 9]
+        second = [encode_json({"id": i, "name": "b"}) for i in (7, *more)]  # lines 10-
+        c2 = c1.model_copy(update={"chunk": 2, "next_record": 8, "records_written": 8, "line": 10})
+        n = 8 + len(second)
+        c3 = c2.model_copy(update={"chunk": 3, "next_record": n, "records_written": n, "line": 10 + len(second)})
+        deadlocks = _deadlocks(pg)
+        # Chunk 1's transaction waits for its turn, held here, until chunk 2 is writing its rows.
+        blocker.execute("SELECT pg_advisory_xact_lock(%s, 1)", (sink.row._turns,))
+        with ThreadPoolExecutor(2) as threads:
+            earlier = threads.submit(sink.commit, c1, c2, list(first), [], list(range(4, 10)))
+            _poll(lambda: _advisory_waiters(pg) == 1, 10)
+            later = threads.submit(
+                sink.commit, c2, c3, list(second), [], list(range(10, 10 + len(second))),
+                after=lambda: concurrent.futures.wait([earlier]) and earlier.exception() is None,
+            )
+            if victim == "later":
+                _poll(lambda: _advisory_waiters(pg) == 2, 10)  # chunk 2 copied, waits for chunk 1
+            else:
+                _poll(lambda: _copying(pg), 10)  # chunk 2 has written id 7 (its first row) and copies on
+            blocker.commit()
+            assert earlier.result(timeout=60) == c2
+            done = later.result(timeout=60)
+        _poll(lambda: _deadlocks(pg) > deadlocks, 10)  # the interleaving above did deadlock
+        assert (done.records_written, done.rejected, done.chunk) == (n - 1, 1, 3)
+        assert [r for r, _ in done.reject_reasons] == ["refused by PostgreSQL: UniqueViolation (SQLSTATE 23505)"]
+        rows = pg.execute(f"SELECT id, name FROM public.{table} WHERE id < 1000 ORDER BY id")
+        assert rows == [(i, "a") for i in range(8)] + ([] if more[0] >= 1000 else [(8, "b"), (9, "b")])
+        assert pg.execute(f"SELECT count(*) FROM public.{table}") == [(n - 1,)]
+        assert _checkpoint(pg, buckets[0], "in/d.csv") == json.loads(done.model_dump_json())
+        body = s3.get_object(Bucket=buckets[1], Key="o/in/d.csv/rejects-00002.jsonl")["Body"].read()
+        [reject] = [json.loads(line) for line in body.splitlines()]
+        assert reject["line"] == 10 and reject["record"] == {"id": 7, "name": "b"}
+    finally:
+        blocker.close()
+        pools.close()

@@ -10,7 +10,7 @@ input's ``sink`` (:mod:`s3batch.sinks.spec`) picks another: Parquet parts, or a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from s3batch.sinks.spec import PostgresSink, S3Sink
@@ -18,6 +18,11 @@ from s3batch.sinks.spec import PostgresSink, S3Sink
 if TYPE_CHECKING:
     from s3batch.checkpoint import Checkpoint, FileOutput
     from s3batch.sinks.postgres_pools import PostgresPools
+
+After = Callable[[], bool]
+"""Given to a sink's write of a chunk while the write of the chunk before may still run on another thread
+(``WriteBehind`` with more than one thread: a table in insert mode): waits for that write; whether it
+committed."""
 
 
 class Sink(Protocol):

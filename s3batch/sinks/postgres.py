@@ -23,7 +23,12 @@ For a big file, a chunk's transaction runs while the chunk loop reads on (``Writ
 the worker parses the next. Its checkpoint is heartbeated only once the transaction committed; each
 chunk's transaction starts from the checkpoint the database holds (:func:`carried_over`), so a kill at
 any point still leaves each chunk committed once, with its checkpoint, or not at all (the chunks in
-flight are read again), and memory holds at most ``WRITES_IN_FLIGHT`` + 1 chunks.
+flight are read again), and memory holds at most ``WRITES_IN_FLIGHT`` + 1 chunks. In insert mode two
+chunks are written at once, on two connections (two backends parse their rows): the later one's rows
+first, then it waits in the database for the earlier one to end and advances the checkpoint only from
+where that one left it (``_commit_alongside``, :mod:`s3batch.sinks.postgres_checkpoint`); where it cannot
+(the earlier one refused rows or failed, or the database broke a deadlock over a key in both), it rolls
+back and is written again after the earlier one, as if alone.
 
 The job names a connection; its DSN comes from the worker's environment (``Settings.postgres_dsn``)
 and never enters the job's history or heartbeats. One pool per connection name per worker
@@ -46,12 +51,14 @@ from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
+from s3batch.sinks import After
+from s3batch.sinks.postgres_checkpoint import CheckpointRow
 from s3batch.sinks.postgres_pools import (
     REFUSED,
+    ROLLED_BACK,
     PostgresPools,
     bisect_refused,
     carried_over,
-    checkpoint_table,
     copy_rows,
     database_error,
     stored_checkpoints,
@@ -61,8 +68,17 @@ from s3batch.sinks.rows import CsvRows, decoded, field_names, tuples
 from s3batch.sinks.spec import PostgresSink
 
 WRITES_IN_FLIGHT = 2
-"""Chunks of a big file whose transactions may be in flight at once (in order, on one thread and connection):
-with one, the database waited, at every chunk, for the chunk loop to hand over the next one."""
+"""Chunks of a big file whose transactions may be in flight at once (with one, the database waited, at every
+chunk, for the chunk loop to hand over the next one); in insert mode on two connections at once, so the
+database parses two chunks' rows in two backends (``_commit_alongside``)."""
+
+ROLLBACK_ATTEMPTS = 3
+"""Times a chunk's transaction is tried when the database rolls it back to break a deadlock (or a
+serialization failure): a key in two chunks written at once (``_commit_alongside``)."""
+
+
+class _NotAfter(Exception):
+    """Raised in a chunk's transaction written alongside the one before: the checkpoint is not where it ends."""
 
 
 class PostgresOutput:
@@ -92,8 +108,7 @@ class PostgresOutput:
         self._pools = pools
         self.columns = pools.columns(spec)
         self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
-        self._checkpoints = checkpoint_table(spec)
-        self._row_key = (self.target, bucket, output.key)
+        self.row = CheckpointRow(spec, bucket, output.key, job_id, output.is_ours, where)
 
     @property
     def writes_behind(self) -> int:
@@ -102,6 +117,12 @@ class PostgresOutput:
         connection. A checkpoint is heartbeated only once its transaction committed, and each transaction
         starts from the checkpoint the database holds (:func:`carried_over`)."""
         return WRITES_IN_FLIGHT
+
+    @property
+    def writes_at_once(self) -> int:
+        """How many of the chunks in flight may be written at once, on as many connections: in insert mode all
+        (:meth:`_commit_alongside`); upsert writes one after the other."""
+        return WRITES_IN_FLIGHT if self.spec.mode == "insert" else 1
 
     @property
     def takes_csv(self) -> bool:
@@ -133,24 +154,74 @@ class PostgresOutput:
         rejects: list[tuple[int, bytes]],
         lines: Sequence[int] = (),
         csv: CsvRows | None = None,
+        after: After | None = None,
     ) -> Checkpoint:
         """One transaction: lock the checkpoint row (and check it is at ``cp``), write the rows, write
         the S3 rejects file (with the rows the database refused), advance the checkpoint to ``new``.
 
         ``csv``: more rows of the chunk as the file's own canonical CSV (the fast path of ``passthrough``
         in ``insert`` mode), given to the database's CSV ``COPY`` as they are; where it refuses a row they
-        are read back into values and written as the others, so the refused rows are found alike."""
+        are read back into values and written as the others, so the refused rows are found alike.
+
+        ``after``: the chunk before this one may still be committing, on another connection
+        (:meth:`_commit_alongside`); it waits for that one and tells whether it committed."""
         values = decoded(output)
         named = [*values, dict.fromkeys(csv.names)] if csv is not None and len(csv) else values
         columns = self._columns_of(named)
         try:
-            if self.spec.mode == "insert":
-                done = self._commit_at_once(cp, new, columns, values, csv, rejects)
+            if after is not None and self.spec.mode == "insert":
+                done = self._commit_alongside(cp, new, columns, values, csv, rejects)
                 if done is not None:
                     return done
-            return self._commit_row_by_row(cp, new, columns, values, list(lines), csv, rejects)
+                if not after():
+                    raise SinkError(f"{self.where}: chunk {cp.chunk} not written: the chunk before was not committed")
+            given = list(rejects)
+            for attempt in range(1, ROLLBACK_ATTEMPTS + 1):
+                rejects[:] = given
+                try:
+                    if self.spec.mode == "insert":
+                        done = self._commit_at_once(cp, new, columns, values, csv, rejects)
+                        if done is not None:
+                            return done
+                    return self._commit_row_by_row(cp, new, columns, list(values), list(lines), csv, rejects)
+                except ROLLED_BACK:
+                    if attempt == ROLLBACK_ATTEMPTS:
+                        raise
+            raise AssertionError("unreachable")
         except (psycopg.Error, PoolTimeout) as err:
             raise database_error(err, "writing", self.spec) from None
+
+    def _commit_alongside(
+        self,
+        cp: Checkpoint,
+        new: Checkpoint,
+        columns: list[str],
+        values: list[Any],
+        csv: CsvRows | None,
+        rejects: list[tuple[int, bytes]],
+    ) -> Checkpoint | None:
+        """The chunk's transaction while the one before it may still run, on another connection: the rows
+        first (both ``COPY``s at once, each in its own backend), then, once the transaction before has ended
+        (:meth:`CheckpointRow.take_turn`: the database waits), the checkpoint advanced where the database holds exactly
+        ``cp``: so the two commit in order, and a chunk commits only where the one before did. None when this
+        transaction rolled back instead: the checkpoint was not at ``cp`` (the chunk before refused rows or
+        failed), a row was refused, or the database broke a deadlock with it (a key in both chunks); the
+        caller then writes the chunk again, once the one before is done."""
+        head = csv.encode(values) if csv is not None and len(csv) else None
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                self.row.take_turn(conn, cp.chunk)
+                if values and head is None:
+                    copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
+                if csv is not None and len(csv):
+                    self._copy_csv(conn, csv, head or b"")
+                self.row.take_turn(conn, cp.chunk - 1)
+                if not self.row.advance(conn, new, at=cp):
+                    raise _NotAfter
+                self.output.write_rejects(cp.chunk, new, rejects)
+        except (_NotAfter, *ROLLED_BACK, *REFUSED):
+            return None
+        return new
 
     def _commit_at_once(
         self,
@@ -167,18 +238,19 @@ class PostgresOutput:
         head = csv.encode(values) if csv is not None and len(csv) else None  # one COPY for all of the chunk
         try:
             with self.pool.connection() as conn, conn.transaction():
+                self.row.take_turn(conn, cp.chunk)
                 # The checkpoint advanced first where the database holds exactly ``cp`` (one statement locks,
                 # checks and advances it); else locked, checked and carried over, then advanced.
-                advanced = cp.chunk > 0 and self._advance(conn, new, at=cp)
+                advanced = cp.chunk > 0 and self.row.advance(conn, new, at=cp)
                 if not advanced:
-                    new = carried_over(cp, new, self._lock(conn, cp))
+                    new = carried_over(cp, new, self.row.lock(conn, cp))
                 if values and head is None:
                     copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
                 if csv is not None and len(csv):
                     self._copy_csv(conn, csv, head or b"")
                 self.output.write_rejects(cp.chunk, new, rejects)
                 if not advanced:
-                    self._advance(conn, new)
+                    self.row.advance(conn, new)
         except REFUSED:
             return None
         return new
@@ -196,7 +268,8 @@ class PostgresOutput:
         """The chunk's transaction where rows may be refused: the writes in savepoints, halved down to the rows
         refused (``bisect_refused``), which become rejects."""
         with self.pool.connection() as conn, conn.transaction():
-            new = carried_over(cp, new, self._lock(conn, cp))
+            self.row.take_turn(conn, cp.chunk)
+            new = carried_over(cp, new, self.row.lock(conn, cp))
             refused = self._write(conn, columns, tuples(values, columns))
             if csv is not None and len(csv) and not self._copy_csv_refused(conn, csv):
                 more = csv.values()
@@ -207,7 +280,7 @@ class PostgresOutput:
             if refused:
                 new = self._with_refused(new, refused, values, lines, rejects)
             self.output.write_rejects(cp.chunk, new, rejects)
-            self._advance(conn, new)
+            self.row.advance(conn, new)
         return new
 
     def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows, head: bytes = b"") -> None:
@@ -257,59 +330,6 @@ class PostgresOutput:
                     f"the upsert key columns {', '.join(absent)} are missing from the handler's output for {self.where}"
                 )
         return [c for c in self.columns if c in named]
-
-    def _lock(self, conn: psycopg.Connection[Any], cp: Checkpoint) -> Checkpoint | None:
-        """Lock the file's checkpoint row and return the checkpoint it holds; fail (``SinkError``) unless it
-        is at ``cp`` (another attempt committed past it: this one must not write the chunk again)."""
-        select = sql.SQL(
-            "SELECT checkpoint FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s FOR UPDATE"
-        ).format(self._checkpoints)
-        row = conn.execute(select, self._row_key).fetchone()
-        if row is None:  # the file's first chunk (of any version): its row is created, then locked
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, next_record, "
-                    "done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') ON CONFLICT DO NOTHING"
-                ).format(self._checkpoints),
-                (*self._row_key, self.job_id),
-            )
-            row = conn.execute(select, self._row_key).fetchone()
-        stored = Checkpoint.model_validate(row[0]) if row is not None and row[0] is not None else None
-        ours = stored is not None and self.is_ours(stored)
-        expected = (not ours) if cp.chunk == 0 else (ours and stored is not None and stored.chunk == cp.chunk)
-        if not expected:
-            at = f"chunk {stored.chunk}" if stored is not None and ours else "another version or options"
-            raise SinkError(
-                f"{self.where}: the checkpoint of this file in {self.target} is at {at}, not at chunk {cp.chunk} "
-                "where this attempt is: another attempt committed it (a worker presumed dead); this one stops "
-                "without writing, and the file resumes from the database's checkpoint"
-            )
-        return stored
-
-    def _advance(self, conn: psycopg.Connection[Any], new: Checkpoint, at: Checkpoint | None = None) -> bool:
-        """Set the file's checkpoint to ``new`` (with ``at``: only where it is exactly ``at``); whether it was."""
-        condition = " AND chunk = %s AND checkpoint = %s::jsonb" if at is not None else ""
-        done = conn.execute(
-            sql.SQL(
-                "UPDATE {} SET job_id = %s, etag = %s, version_id = %s, fingerprint = %s, chunk = %s, "
-                "next_record = %s, byte_offset = %s, done = %s, checkpoint = %s, updated_at = now() "
-                "WHERE target = %s AND source_bucket = %s AND source_key = %s" + condition
-            ).format(self._checkpoints),
-            (
-                self.job_id,
-                new.etag,
-                new.version_id,
-                new.fingerprint,
-                new.chunk,
-                new.next_record,
-                new.byte_offset,
-                new.done,
-                new.model_dump_json(),
-                *self._row_key,
-                *((at.chunk, at.model_dump_json()) if at is not None else ()),
-            ),
-        )
-        return done.rowcount == 1
 
     def _write(
         self, conn: psycopg.Connection[Any], columns: list[str], rows: list[tuple[Any, ...]]

@@ -60,7 +60,7 @@ class PostgresPools:
 
     Args:
         settings: Where the DSNs come from (``Settings.postgres_dsn``).
-        max_size: Connections per pool at most (the worker's activity slots).
+        max_size: Connections per pool at most (two per activity slot of the worker).
     """
 
     def __init__(self, settings: Settings, max_size: int = 8) -> None:
@@ -266,6 +266,10 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
 
 REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)
 """What the database raises for a row it refuses (SQLSTATE classes 22 and 23): such rows are rejects."""
+
+ROLLED_BACK = (psycopg.errors.TransactionRollback, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+"""What the database raises for a transaction it rolled back (SQLSTATE class 40: to break a deadlock, a
+serialization failure): it may be tried again."""
 
 
 def copy_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequence[tuple[Any, ...]]) -> None:
