@@ -403,6 +403,13 @@ def test_a_second_attempt_of_a_file_cannot_commit_a_chunk_twice(
         with pytest.raises(SinkError, match="is at chunk 2, not at chunk 1"):
             zombie.commit(new, after, list(more), [], [4, 5])
         assert _ids(pg, table) == [0, 1, 2, 3]
+        # Written beside the chunk before (``after``: a big file's chunks two at once), the late attempt's rows
+        # are copied first (other ids here, so the table's key does not refuse them), but the checkpoint is not
+        # where its chunk starts: rolled back, then refused as above.
+        other = [encode_json({"id": i, "name": "z"}) for i in (20, 21)]
+        with pytest.raises(SinkError, match="is at chunk 2, not at chunk 1"):
+            zombie.commit(new, after, other, [], [4, 5], after=lambda: True)
+        assert _ids(pg, table) == [0, 1, 2, 3]
         assert _checkpoint(pg, src, "in/a.csv") == json.loads(after.model_dump_json())
         # A changed source (another ETag) starts over at chunk 0 over the old version's checkpoint.
         changed = attempt("e2")
