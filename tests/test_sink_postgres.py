@@ -700,7 +700,8 @@ def _poll(predicate: Any, timeout: float) -> None:
 
 
 def _advisory_waiters(pg: PostgresServer) -> int:
-    return int(pg.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")[0][0])  # type: ignore[arg-type]
+    [(n,)] = pg.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+    return int(n)  # type: ignore[call-overload]
 
 
 def _copying(pg: PostgresServer) -> bool:
@@ -709,7 +710,8 @@ def _copying(pg: PostgresServer) -> bool:
 
 
 def _deadlocks(pg: PostgresServer) -> int:
-    return int(pg.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")[0][0])  # type: ignore[arg-type]
+    [(n,)] = pg.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    return int(n)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("victim", ["later", "earlier"])
