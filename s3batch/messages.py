@@ -313,6 +313,9 @@ class Progress(_Model):
     files_cancelled: int = 0
     warnings: list[str] = Field(default_factory=list)
     """The first warnings of the job's files, each with its key (see ``JobState.warnings``)."""
+    destination: str | None = None
+    """Where the job's records go (``s3batch.sinks.spec.destination``): the output folder and the parts'
+    format, or the PostgreSQL table. None from a worker older than the field."""
 
 
 class S3BatchResult(_Model):

@@ -163,11 +163,13 @@ async def test_status_shows_in_flight_checkpoints(
     assert cp["chunk"] >= 1 and cp["next_record"] == cp["chunk"] * 50
     assert cp["byte_offset"] > 0
     assert view["progress"]["in_flight"] == ["in/slow.csv"]
+    assert view["progress"]["destination"] == f"s3://{out}/ (JSONL parts)"
     assert view["ui_url"].endswith(f"/namespaces/default/workflows/{wid}")
 
     human = await run("s3batch", "status", wid)
     assert human.code == 0, human
     assert "running" in human.stdout and "in/slow.csv" in human.stdout and "next record" in human.stdout
+    assert f"into s3://{out}/ (JSONL parts)" in " ".join(human.stdout.split())
 
     await client.get_workflow_handle(wid).result()
     done = await run("s3batch", "status", wid, "--json")

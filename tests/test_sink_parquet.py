@@ -15,7 +15,7 @@ from temporalio.worker import Worker
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint, fingerprint
 from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
-from s3batch.sinks.spec import S3Sink
+from s3batch.sinks.spec import S3Sink, destination
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import csv_rows, make_csv
 from tests.helpers.jobs import execute
@@ -110,3 +110,10 @@ def test_default_sink_keeps_the_fingerprint_and_inputs_of_earlier_releases() -> 
     assert "sink" not in req.model_dump_json()
     with_sink = req.model_copy(update={"sink": S3Sink(format="parquet")})
     assert ProcessFileInput.model_validate_json(with_sink.model_dump_json()).sink == S3Sink(format="parquet")
+
+
+def test_the_destination_names_the_folder_and_the_parts_format() -> None:
+    """What ``s3batch status`` and ``report`` print for where the records go (the table's: test_sink_postgres)."""
+    assert destination(None, "out", "runs/1/") == "s3://out/runs/1/ (JSONL parts)"
+    assert destination(S3Sink(), "out", "") == "s3://out/ (JSONL parts)"
+    assert destination(S3Sink(format="parquet"), "out", "p/") == "s3://out/p/ (Parquet parts)"

@@ -27,7 +27,9 @@ from temporalio.worker import Worker
 
 import tests.fault_handlers  # registers explode_until_fixed for in-process workers
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
+from s3batch import client as api
 from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.cli.render import print_report, report_destination
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
@@ -45,7 +47,7 @@ from s3batch.sinks.spec import PostgresSink
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_invalid_input
 from tests.helpers.data import make_csv, messy_csv
-from tests.helpers.jobs import execute, new_id, start
+from tests.helpers.jobs import execute, new_id, progress, start
 from tests.helpers.output import report
 from tests.helpers.workers import worker_process
 
@@ -126,6 +128,27 @@ async def test_rows_land_once_with_their_checkpoint(
     again = await execute(client, task_queue, _job(src, out, table, output_prefix="o2/"), "pg")
     assert again.status == "succeeded"
     assert _ids(pg, table) == list(range(1_050))
+
+
+async def test_status_and_report_name_the_table_the_rows_went_to(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, table: str,
+    pg_worker: Worker, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``s3batch status`` (the ``progress`` query) and ``s3batch report`` say where the rows went: the table,
+    its connection and mode, and the folder of the rejects and report."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(120))
+    handle = await start(client, task_queue, _job(src, out, table, sink={
+        "type": "postgres", "connection": "test", "table": table, "mode": "upsert", "key": ["id"],
+    }), "pg")
+    assert (await handle.result()).totals.records_written == 120
+    expected = f"PostgreSQL table public.{table} (connection 'test', upsert, key id); rejects and report in s3://{out}/o/"
+    assert (await progress(handle)).destination == expected  # a closed job's query: replayed by the worker
+    stored = await api.report(client, handle.id)
+    assert report_destination(stored.report) == expected
+    print_report(stored)
+    shown = " ".join(capsys.readouterr().out.split())  # rich wraps long lines at the console's width
+    assert f"s3://{src}/in/ -> {expected}" in shown
 
 
 async def test_upsert_rerun_of_a_corrected_file_updates_rows(

@@ -381,7 +381,7 @@ class S3BatchWorkflow:
     @workflow.query
     def progress(self) -> Progress:
         """Counters of the whole job (all runs so far) and the files in flight."""
-        return job_progress(self._state, self._books.in_flight, self._limit(), self._cancelling)
+        return job_progress(self._state, self._books.in_flight, self._limit(), self._cancelling, self._job)
 
     @workflow.update
     def pause(self) -> Progress:

@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch import search_attributes as sa
     from s3batch.messages import JobState, ObjectRef, Progress
     from s3batch.models import S3BatchInput
+    from s3batch.sinks.spec import destination
 
 
 def state_word(state: JobState, cancelling: bool, final: str | None) -> str:
@@ -62,8 +63,11 @@ def empty_warning(state: JobState, spec: S3BatchInput | None, final: str | None)
     return [f"no file matched s3://{spec.bucket}/{spec.prefix}: nothing was processed (check the prefix)"]
 
 
-def job_progress(state: JobState, in_flight: dict[str, ObjectRef], limit: int, cancelling: bool) -> Progress:
-    """The ``progress`` query's answer: counters of the whole job (all runs so far), files in flight."""
+def job_progress(
+    state: JobState, in_flight: dict[str, ObjectRef], limit: int, cancelling: bool, spec: S3BatchInput | None = None
+) -> Progress:
+    """The ``progress`` query's answer: counters of the whole job (all runs so far), files in flight, where the
+    records go (``spec``: the job, once the run has it)."""
     t = state.totals
     return Progress(
         files_listed=t.files_listed,
@@ -82,6 +86,7 @@ def job_progress(state: JobState, in_flight: dict[str, ObjectRef], limit: int, c
         cancelling=cancelling,
         files_cancelled=t.files_cancelled,
         warnings=list(state.warnings or ()),
+        destination=destination(spec.sink, spec.output_bucket, spec.output_prefix) if spec is not None else None,
     )
 
 

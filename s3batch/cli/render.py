@@ -19,6 +19,9 @@ from s3batch import client as api
 from s3batch import search_attributes as sa
 from s3batch.cli.output import cell, err_out, out, safe_line
 from s3batch.messages import Progress, S3BatchResult, Totals
+from s3batch.models import S3BatchInput
+from s3batch.report import JobReport
+from s3batch.sinks.spec import destination
 
 POLL_SECONDS = 0.5
 
@@ -158,6 +161,8 @@ def print_view(view: api.JobView) -> None:
     """The ``status`` view of a job."""
     out.print(safe_line((view.workflow_id, "bold"), ": ", (view.status, f"bold {status_colour(view.status)}")))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
+    if view.progress is not None and view.progress.destination:
+        out.print(safe_line(f"  into     {view.progress.destination}"))
     if view.status != "running":
         print_outcome(view.result, view.error)
         return
@@ -230,6 +235,16 @@ async def follow(client: Client, workflow_id: str) -> api.Outcome:
     return api.Outcome(result, error)
 
 
+def report_destination(report: JobReport) -> str | None:
+    """Where a reported job's records went: its table, or its output folder and the parts' format (the
+    folder alone when the report's input does not parse here, e.g. written by a newer version)."""
+    try:
+        job = S3BatchInput.model_validate(report.input)
+    except ValueError:  # pydantic's ValidationError
+        return report.output
+    return destination(job.sink, job.output_bucket, job.output_prefix)
+
+
 def print_report(stored: api.StoredReport) -> None:
     """A job report as a table of its files."""
     report = stored.report
@@ -237,7 +252,7 @@ def print_report(stored: api.StoredReport) -> None:
     out.print(
         safe_line((report.job_id, "bold"), ": ", (report.status, f"bold {colour}"), f" ({report.finished_at})")
     )
-    out.print(safe_line(f"  {report.source} -> {report.output}"))
+    out.print(safe_line(f"  {report.source} -> {report_destination(report)}"))
     for line in totals_lines(report.totals):
         out.print(f"  {line}")
     table = Table(box=None, padding=(0, 1))

@@ -78,3 +78,14 @@ class PostgresSink(BaseModel):
 
 Sink = Annotated[S3Sink | PostgresSink, Field(discriminator="type")]
 """A job's ``sink`` (see the module docstring)."""
+
+
+def destination(sink: S3Sink | PostgresSink | None, output_bucket: str, output_prefix: str) -> str:
+    """Where a job's records go, for people (``s3batch status``/``report``, the progress query)."""
+    folder = f"s3://{output_bucket}/{output_prefix}"
+    if isinstance(sink, PostgresSink):
+        key = f", key {', '.join(sink.key)}" if sink.key else ""
+        how = f"connection {sink.connection!r}, {sink.mode}{key}"
+        return f"PostgreSQL table {sink.schema_name}.{sink.table_name} ({how}); rejects and report in {folder}"
+    return f"{folder} ({'Parquet' if sink is not None and sink.format == 'parquet' else 'JSONL'} parts)"
+
