@@ -373,7 +373,7 @@ class FastCsvParser:
             row = self._row
             n = self._run(block, want - len(out), until)
             rows = zip(self._lines(block, row, n), self._dicts(block, row, n), itertools.repeat(None))
-            out += map(Record._make, rows)
+            out += map(tuple.__new__, itertools.repeat(Record), rows)  # Record._make without its Python frame
             if self._advance(block, n, until):
                 break
         return out
