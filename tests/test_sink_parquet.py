@@ -13,8 +13,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint, fingerprint
+from s3batch.cli.render import report_destination
 from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
+from s3batch.report import JobReport
 from s3batch.sinks.spec import S3Sink, destination
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import csv_rows, make_csv
@@ -117,3 +119,11 @@ def test_the_destination_names_the_folder_and_the_parts_format() -> None:
     assert destination(None, "out", "runs/1/") == "s3://out/runs/1/ (JSONL parts)"
     assert destination(S3Sink(), "out", "") == "s3://out/ (JSONL parts)"
     assert destination(S3Sink(format="parquet"), "out", "p/") == "s3://out/p/ (Parquet parts)"
+    # ``s3batch report`` reads it from the report's input as given (JSON: a time as a string); a report whose
+    # input does not parse here (written by a newer version) shows its output folder alone.
+    parquet = {"type": "s3", "format": "parquet"}
+    given = {"bucket": "src-x", "output_bucket": "out-x", "output_prefix": "p/", "sink": parquet}
+    stamped = JobReport(files=[], output="s3://out-x/p/", input={**given, "modified_after": "2026-01-01T00:00:00Z"})
+    assert report_destination(stamped) == "s3://out-x/p/ (Parquet parts)"
+    newer = JobReport(files=[], output="s3://out-x/p/", input={**given, "a_field_of_a_newer_version": 1})
+    assert report_destination(newer) == "s3://out-x/p/"

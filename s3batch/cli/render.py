@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -238,8 +239,8 @@ async def follow(client: Client, workflow_id: str) -> api.Outcome:
 def report_destination(report: JobReport) -> str | None:
     """Where a reported job's records went: its table, or its output folder and the parts' format (the
     folder alone when the report's input does not parse here, e.g. written by a newer version)."""
-    try:
-        job = S3BatchInput.model_validate(report.input)
+    try:  # as JSON, the way the job input arrived (strict types allow its strings there)
+        job = S3BatchInput.model_validate_json(json.dumps(report.input))
     except ValueError:  # pydantic's ValidationError
         return report.output
     return destination(job.sink, job.output_bucket, job.output_prefix)
