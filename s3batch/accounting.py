@@ -29,24 +29,3 @@ def key_digest(keys: Iterable[str]) -> int:
 
 def combine(*digests: int) -> int:
     return sum(digests) % _MOD
-
-
-def report_problems(files: list[dict[str, object]], totals: dict[str, int], listed_digest: int | None) -> list[str]:
-    """What is wrong with a job report's file list, given the job's totals (empty when the books agree).
-
-    Every listed key must be in the report exactly once, and the per-status counts must be the totals.
-    """
-    problems: list[str] = []
-    keys = [str(f.get("key")) for f in files]
-    if len(keys) != totals.get("files_listed"):
-        problems.append(f"the report lists {len(keys)} files, but the job listed {totals.get('files_listed')}")
-    repeated = len(keys) - len(set(keys))
-    if repeated:
-        problems.append(f"{repeated} key(s) appear more than once in the report")
-    for status in ("succeeded", "failed", "cancelled", "not_started"):
-        counted = sum(1 for f in files if f.get("status") == status)
-        if counted != totals.get(f"files_{status}"):
-            problems.append(f"the report has {counted} {status} files, the totals say {totals.get(f'files_{status}')}")
-    if listed_digest is not None and key_digest(keys) != listed_digest:
-        problems.append("the report's keys are not the keys the job listed")
-    return problems

@@ -13,10 +13,11 @@ from s3batch.activities.s3_activities import S3Activities
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from s3batch.accounting import combine, key_digest, report_problems
+from s3batch.accounting import combine, key_digest
 from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.messages import FileResult, FinalReportInput, ReportSegmentInput, Totals
 from s3batch.models import JobSpec
+from tests.helpers.books import report_problems
 from tests.helpers.output import report
 
 

@@ -28,7 +28,6 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from s3batch.accounting import report_problems
 from s3batch.dev.stack import Stack
 from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.messages import (
@@ -43,6 +42,7 @@ from s3batch.messages import (
     ReportSegmentInput,
 )
 from s3batch.models import JobSpec
+from tests.helpers.books import report_problems
 from tests.helpers.history import history_events
 from tests.helpers.workers import record_reliability
 
