@@ -21,6 +21,7 @@ from s3batch.activities import file_setup
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.s3_activities import S3Activities
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
@@ -144,6 +145,8 @@ async def test_status_and_report_name_the_table_the_rows_went_to(
     assert (await handle.result()).totals.records_written == 120
     expected = f"PostgreSQL table public.{table} (connection 'test', upsert, key id); rejects and report in s3://{out}/o/"
     assert (await progress(handle)).destination == expected  # a closed job's query: replayed by the worker
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert metadata.current_details.startswith(f"**succeeded** s3://{src}/in/ -> {expected}\n")  # the Web UI's
     stored = await api.report(client, handle.id)
     assert report_destination(stored.report) == expected
     print_report(stored)

@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch import search_attributes as sa
     from s3batch.messages import JobState, ObjectRef, Progress
     from s3batch.models import S3BatchInput
-    from s3batch.sinks.spec import destination
+    from s3batch.sinks.spec import PostgresSink, destination
 
 
 def state_word(state: JobState, cancelling: bool, final: str | None) -> str:
@@ -33,8 +33,11 @@ def details(
     """The Web UI's current details of the job."""
     t = state.totals
     head = ""
-    if spec:  # a manifest job names its manifest instead of a bucket and prefix
-        head = f"{spec.manifest or f's3://{spec.bucket}/{spec.prefix}'} -> s3://{spec.output_bucket}/{spec.output_prefix}"
+    if spec:  # a manifest job names its manifest instead of a bucket and prefix; a table job its table
+        into = f"s3://{spec.output_bucket}/{spec.output_prefix}"
+        if isinstance(spec.sink, PostgresSink):
+            into = destination(spec.sink, spec.output_bucket, spec.output_prefix)
+        head = f"{spec.manifest or f's3://{spec.bucket}/{spec.prefix}'} -> {into}"
     if final:
         word = final
     elif cancelling:
