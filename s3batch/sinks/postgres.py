@@ -64,7 +64,7 @@ from s3batch.sinks.postgres_pools import (
     stored_checkpoints,
     target_of,
 )
-from s3batch.sinks.rows import CsvRows, decoded, field_names, tuples
+from s3batch.sinks.rows import CsvRows, csv_head, decoded, field_names, tuples
 from s3batch.sinks.spec import PostgresSink
 
 WRITES_IN_FLIGHT = 2
@@ -120,8 +120,7 @@ class PostgresOutput:
 
     @property
     def writes_at_once(self) -> int:
-        """How many of the chunks in flight may be written at once, on as many connections: in insert mode all
-        (:meth:`_commit_alongside`); upsert writes one after the other."""
+        """Chunks in flight written at once, each on a connection: all in insert mode (``_commit_alongside``)."""
         return WRITES_IN_FLIGHT if self.spec.mode == "insert" else 1
 
     @property
@@ -161,10 +160,8 @@ class PostgresOutput:
 
         ``csv``: more rows of the chunk as the file's own canonical CSV (the fast path of ``passthrough``
         in ``insert`` mode), given to the database's CSV ``COPY`` as they are; where it refuses a row they
-        are read back into values and written as the others, so the refused rows are found alike.
-
-        ``after``: the chunk before this one may still be committing, on another connection
-        (:meth:`_commit_alongside`); it waits for that one and tells whether it committed."""
+        are read back into values and written as the others, so the refused rows are found alike. ``after``:
+        the chunk before may still be committing (:meth:`_commit_alongside`); waits for it, tells if it did."""
         values = decoded(output)
         named = [*values, dict.fromkeys(csv.names)] if csv is not None and len(csv) else values
         columns = self._columns_of(named)
@@ -200,21 +197,17 @@ class PostgresOutput:
         csv: CsvRows | None,
         rejects: list[tuple[int, bytes]],
     ) -> Checkpoint | None:
-        """The chunk's transaction while the one before it may still run, on another connection: the rows
-        first (both ``COPY``s at once, each in its own backend), then, once the transaction before has ended
-        (:meth:`CheckpointRow.take_turn`: the database waits), the checkpoint advanced where the database holds exactly
-        ``cp``: so the two commit in order, and a chunk commits only where the one before did. None when this
-        transaction rolled back instead: the checkpoint was not at ``cp`` (the chunk before refused rows or
-        failed), a row was refused, or the database broke a deadlock with it (a key in both chunks); the
+        """The chunk's transaction while the one before may still run, on another connection: the rows first
+        (both ``COPY``s at once, in two backends), then, once the one before has ended (the database waits:
+        :meth:`CheckpointRow.take_turn`), the checkpoint advanced where it is exactly ``cp``, so the two commit in
+        order. None when this one rolled back instead: the checkpoint was not at ``cp`` (the chunk before refused
+        rows or failed), a row was refused, or the database broke a deadlock with it (a key in both chunks); the
         caller then writes the chunk again, once the one before is done."""
-        head = csv.encode(values) if csv is not None and len(csv) else None
+        head = csv_head(values, csv)
         try:
             with self.pool.connection() as conn, conn.transaction():
                 self.row.take_turn(conn, cp.chunk)
-                if values and head is None:
-                    copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
-                if csv is not None and len(csv):
-                    self._copy_csv(conn, csv, head or b"")
+                self._copy_chunk(conn, columns, values, csv, head)
                 self.row.take_turn(conn, cp.chunk - 1)
                 if not self.row.advance(conn, new, at=cp):
                     raise _NotAfter
@@ -235,7 +228,7 @@ class PostgresOutput:
         """The chunk's transaction when the database takes every row (the common case, in insert mode): each
         ``COPY`` straight in the transaction, no savepoints. None when it refused a row: the transaction rolled
         back, nothing of the chunk is written, and :meth:`_commit_row_by_row` finds the rows refused."""
-        head = csv.encode(values) if csv is not None and len(csv) else None  # one COPY for all of the chunk
+        head = csv_head(values, csv)
         try:
             with self.pool.connection() as conn, conn.transaction():
                 self.row.take_turn(conn, cp.chunk)
@@ -244,10 +237,7 @@ class PostgresOutput:
                 advanced = cp.chunk > 0 and self.row.advance(conn, new, at=cp)
                 if not advanced:
                     new = carried_over(cp, new, self.row.lock(conn, cp))
-                if values and head is None:
-                    copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
-                if csv is not None and len(csv):
-                    self._copy_csv(conn, csv, head or b"")
+                self._copy_chunk(conn, columns, values, csv, head)
                 self.output.write_rejects(cp.chunk, new, rejects)
                 if not advanced:
                     self.row.advance(conn, new)
@@ -282,6 +272,16 @@ class PostgresOutput:
             self.output.write_rejects(cp.chunk, new, rejects)
             self.row.advance(conn, new)
         return new
+
+    def _copy_chunk(
+        self, conn: psycopg.Connection[Any], columns: list[str], values: list[Any], csv: CsvRows | None,
+        head: bytes | None,
+    ) -> None:
+        """The chunk's rows at once: one CSV ``COPY`` after ``head`` (:func:`csv_head`), or the JSON rows' ``COPY``."""
+        if values and head is None:
+            copy_rows(conn, self._copy_statement(columns), tuples(values, columns))
+        if csv is not None and len(csv):
+            self._copy_csv(conn, csv, head or b"")
 
     def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows, head: bytes = b"") -> None:
         """``COPY`` the CSV rows (after ``head``, more rows in the same CSV) at once; raises what the database

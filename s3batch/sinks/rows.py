@@ -120,3 +120,9 @@ class CsvRows:
                 run, held = [], 0
         if run:
             yield b"".join(run)
+
+
+def csv_head(values: list[Any], csv: CsvRows | None) -> bytes | None:
+    """A chunk's JSON rows as more rows of its CSV rows (``CsvRows.encode``), so that one ``COPY`` takes all
+    of the chunk; None without CSV rows (or when they cannot be)."""
+    return csv.encode(values) if csv is not None and len(csv) else None
