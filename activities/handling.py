@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from s3batch.checkpoint import Checkpoint
+from s3batch.columns import encoder_of
 from s3batch.errors import AccountingError, BadFile, HandlerError
 from s3batch.formats.common import Record
 from s3batch.handlers import ChunkContext, ChunkHandler, HandlerResult, Reject, in_chunk
@@ -49,6 +50,8 @@ class HandlerRun:
         """Reasons of the rejects of the chunk being built (see ``s3batch.rejects``; taken at its commit)."""
         self.context: ChunkContext | None = None
         """The chunk being built, as the handler sees it (``s3batch.handlers.chunk_context``)."""
+        self.encoder = encoder_of(handler)
+        """The handler's block encoder (``s3batch.columns``), or None."""
 
     def handle(
         self,

@@ -69,7 +69,8 @@ def take_packed(
 
     remaining = want
     while remaining > 0:
-        n, pieces, reached, n_size = parser.take_json(remaining, until, None if rows is None else rows.lines)
+        lines = None if rows is None else rows.lines
+        n, pieces, reached, n_size = parser.take_json(remaining, until, lines, books.encoder)
         if n:
             if pending:
                 size += handle(pending)
@@ -87,12 +88,13 @@ def take_packed(
             if reached:
                 break
             continue
-        one = take(records, parser, 1, until)  # not in a fast block: one record as take reads it
-        if not one:
+        # Records the packed path does not take (not in a fast block, left to the handler), as take reads them.
+        slow = take(records, parser, parser.slow_rows(remaining), until)
+        if not slow:
             break
-        pending += one
-        taken += 1
-        remaining -= 1
+        pending += slow
+        taken += len(slow)
+        remaining -= len(slow)
         if parser.offset >= until:
             break
     if pending:

@@ -17,6 +17,7 @@ without a Python call per row.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -230,6 +231,90 @@ class BlockReader:
         start, end = offsets[0], offsets[-1]
         blob = bytes(memoryview(buffers[2])[start:end]) if end > start else b""
         return blob, _from(offsets, start)
+
+
+BlockEncoder = Callable[[Any], Any]
+"""A handler's block encoder (:mod:`s3batch.columns`): a block's rows (a ``pyarrow.Table`` of string columns
+named by the header) to one JSON document per row (a string array, null where the handler must see the row),
+or None (every row)."""
+
+
+def encode_block(encoder: BlockEncoder, table: Any) -> tuple[bytes, list[int], list[int]] | None:
+    """``encoder``'s documents as :meth:`BlockReader.json_rows` gives passthrough's (each followed by a line
+    feed, and where each starts), with the rows it left to the handler (in order). None: it left every row.
+
+    Raises:
+        TypeError: The encoder broke its contract (not one string per row): the file fails, naming it.
+    """
+    docs = encoder(table)
+    if docs is None:
+        return None
+    if isinstance(docs, pa.ChunkedArray):
+        docs = docs.combine_chunks()
+    if not isinstance(docs, pa.Array) or len(docs) != table.num_rows or not pa.types.is_string(docs.type):
+        name = getattr(encoder, "__name__", repr(encoder))
+        raise TypeError(f"the block encoder {name!r} must return one string per row ({table.num_rows}), "
+                        f"not {type(docs).__name__}")
+    refused = _ints(pc.indices_nonzero(pc.is_null(docs))) if docs.null_count else []
+    if len(refused) == len(docs):
+        return None
+    rows = pc.binary_join_element_wise(pc.fill_null(docs, "") if refused else docs, "\n", "")
+    buffers = rows.buffers()
+    offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
+    start, end = offsets[0], offsets[-1]
+    return bytes(memoryview(buffers[2])[start:end]), _from(offsets, start), refused
+
+
+class BlockDocs:
+    """The output documents of the block being read (``FastCsvParser.take_json``), made once a block:
+    ``passthrough``'s JSON, a handler's block encoder's, or their sizes only (rows kept as CSV)."""
+
+    def __init__(self, reader: BlockReader) -> None:
+        self.reader = reader
+        self._block: Block | None = None
+        self._json: tuple[bytes, list[int], list[int]] | bool | None = False  # False: not made yet
+        self._sizes: list[int] | bool | None = False
+
+    def _of(self, block: Block) -> None:
+        if block is not self._block:
+            self._block, self._json, self._sizes = block, False, False
+
+    def json(self, block: Block, encoder: BlockEncoder | None) -> tuple[bytes, list[int], list[int]] | None:
+        """The documents (each followed by a line feed), where each starts, and the rows without one; None: none."""
+        self._of(block)
+        if self._json is False:
+            if encoder is None:
+                made = self.reader.json_rows(block)
+                self._json = None if made is None else (*made, [])
+            else:
+                self._json = encode_block(encoder, block.table)
+        return self._json  # type: ignore[return-value]
+
+    def sizes(self, block: Block) -> list[int] | None:
+        """:meth:`BlockReader.json_ends` of the block."""
+        self._of(block)
+        if self._sizes is False:
+            self._sizes = self.reader.json_ends(block)
+        return self._sizes  # type: ignore[return-value]
+
+    @staticmethod
+    def good_run(refused: list[int], row: int) -> int:
+        """Rows with a document from ``row`` on (to the next refused row; a large number after the last)."""
+        at = bisect.bisect_left(refused, row)
+        return (1 << 62) if at == len(refused) else refused[at] - row
+
+    def slow_rows(self, block: Block, row: int, most: int) -> int:
+        """Rows from ``row`` on that have no document (at least 1, at most ``most``); 1 where not made yet."""
+        if block is not self._block or self._json is False:
+            return 1
+        if self._json is None:
+            return max(1, min(most, block.rows - row))
+        refused = self._json[2]  # type: ignore[index]
+        at = bisect.bisect_left(refused, row)
+        run = 0
+        while run < most and at + run < len(refused) and refused[at + run] == row + run:
+            run += 1
+        return max(run, 1)
 
 
 def _values(column: Any) -> bytes:

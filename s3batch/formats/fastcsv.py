@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from s3batch.formats.common import Record
 from s3batch.formats.csv import DEFAULT_READING, CsvParser
-from s3batch.formats.csv_arrow import Block, BlockReader, dict_maker, line_spans
+from s3batch.formats.csv_arrow import Block, BlockDocs, BlockEncoder, BlockReader, dict_maker, line_spans
 from s3batch.reading import Reading
 
 BLOCK_BYTES = 1 << 20
@@ -118,8 +118,7 @@ class FastCsvParser:
         """Lines before each row of the block (None: not counted yet, or one a row)."""
         self._extra: Any = False
         """The line breaks inside each row's fields (``BlockReader.extra_lines``; False: not counted yet)."""
-        self._json: tuple[bytes, list[int]] | bool | None = False  # False: not built yet; None: not possible
-        self._sizes: list[int] | bool | None = False  # the same
+        self._docs: BlockDocs | None = None
         self._done = False
         self.fast_records = 0
         """Records read by the fast path (the rest were read by the exact parser)."""
@@ -268,8 +267,6 @@ class FastCsvParser:
         self._values = []
         self._values_at = 0
         self._row = 0
-        self._json = False
-        self._sizes = False
         self._spans = None
         self._extra = False
 
@@ -282,6 +279,7 @@ class FastCsvParser:
                 return True
             delimiter, quote = self._reading.delimiter, self._reading.quotechar
             self._blocks = BlockReader(self.header, delimiter, quote, self._max)
+            self._docs = BlockDocs(self._blocks)
         self.buf = self.buf[self._pos - self.buf_start :]
         self.buf_start = self._pos
         if len(self.buf) < self._block_bytes and not self.eof:
@@ -307,10 +305,11 @@ class FastCsvParser:
     # ------------------------------------------------------------------ passthrough at once
 
     def take_json(
-        self, want: int, until: int, csv_lines: list[int] | None = None
+        self, want: int, until: int, csv_lines: list[int] | None = None, encoder: BlockEncoder | None = None
     ) -> tuple[int, list[bytes], bool, int]:
-        """Up to ``want`` records as the ``passthrough`` handler's JSON documents, as ``take`` in the chunk
-        loop takes them: stop after a record whose end reaches ``until``.
+        """Up to ``want`` records as the ``passthrough`` handler's JSON documents (``encoder``: a handler's
+        block encoder's, ``s3batch.columns``, stopping before a row it left to the handler), as ``take`` in
+        the chunk loop takes them: stop after a record whose end reaches ``until``.
 
         With ``csv_lines``, the records' own CSV bytes instead (rows as the file has them, each with its
         line end: canonical CSV, for a database's CSV ``COPY``), and their lines appended to ``csv_lines``.
@@ -320,7 +319,7 @@ class FastCsvParser:
             so that ``b"\n".join`` of the chunk's outputs is the part's bytes) or CSV bytes; whether
             ``until`` was reached; and the bytes of their JSON documents (as ``HandlerRun.handle`` counts
             outputs). Fewer than ``want`` without reaching ``until``: the next record is not in a fast
-            block (read it with the record iterator).
+            block, or is left to the handler (read those with the record iterator: :meth:`slow_rows`).
         """
         taken = size = 0
         pieces: list[bytes] = []
@@ -330,17 +329,22 @@ class FastCsvParser:
                 if self._exact is not None or self._done or not self._next_block() or self._exact is not None:
                     break
                 continue
+            assert self._docs is not None
+            refused: list[int] = []
             if csv_lines is None:
-                encoded = self._block_json(block)
+                encoded = self._docs.json(block, encoder)
                 if encoded is None:
                     break
-                blob, ends = encoded
+                blob, ends, refused = encoded
             else:  # the rows stay CSV: their JSON documents' sizes only (the byte budget counts those)
-                ends = self._block_sizes(block) or []
+                ends = self._docs.sizes(block) or []
                 if not ends:  # None: a value orjson writes as \u00XX (the caller takes such rows one by one)
                     break
             row = self._row
             n = self._run(block, want - taken, until)
+            n = min(n, BlockDocs.good_run(refused, row))  # to the next row the encoder left to the handler
+            if n == 0:
+                break
             size += ends[row + n] - ends[row] - n
             if csv_lines is None:
                 pieces.append(blob[ends[row] : ends[row + n] - 1])
@@ -352,6 +356,14 @@ class FastCsvParser:
             if self._advance(block, n, until):
                 return taken, pieces, True, size
         return taken, pieces, False, size
+
+    def slow_rows(self, most: int) -> int:
+        """How many records from here :meth:`take_json` does not take (at least 1, at most ``most``): the rows
+        a block encoder left to the handler, the rest of a block that could not be encoded, or one."""
+        block = self._block
+        if self._exact is not None or block is None or self._docs is None:
+            return 1
+        return self._docs.slow_rows(block, self._row, most)
 
     def take_records(self, want: int, until: int) -> list[Record]:
         """Up to ``want`` records (at least one, if any is left), fewer once ``offset`` reaches ``until``:
@@ -406,15 +418,3 @@ class FastCsvParser:
         if spans is None:
             return range(self._line + row, self._line + row + n)
         return list(map(self._line.__add__, spans[row : row + n]))
-
-    def _block_json(self, block: Block) -> tuple[bytes, list[int]] | None:
-        if self._json is False:
-            assert self._blocks is not None
-            self._json = self._blocks.json_rows(block)
-        return self._json  # type: ignore[return-value]
-
-    def _block_sizes(self, block: Block) -> list[int] | None:
-        if self._sizes is False:
-            assert self._blocks is not None
-            self._sizes = self._blocks.json_ends(block)
-        return self._sizes  # type: ignore[return-value]
