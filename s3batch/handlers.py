@@ -35,6 +35,10 @@ dict and write its JSON in the same call, the slowest checks (the ``Decimal`` am
 are narrowed to the strings whose JSON is the input itself, and only the rows the call refuses are
 validated by the model, for exact rejects (about 2.7x the per-row loop).
 
+On the fast CSV path a chunk handler may also have a *block encoder* (:mod:`s3batch.columns`): a whole
+block of rows as Arrow columns, the documents of the rows it vouches for written by native kernels, the
+others handed to the handler as records; ``customers`` has one.
+
 Handlers must be deterministic (the same records give the same output): a retried chunk rewrites
 its output under the same key, and identical bytes are what make that rewrite harmless.
 
