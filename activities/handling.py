@@ -95,8 +95,8 @@ class HandlerRun:
         return sum(map(len, encoded)) + _size(rejects, before)
 
     def passed_through(self, records: int) -> None:
-        """Count ``records`` given to ``passthrough`` at once by the fast CSV path (one output each, no
-        reject: ``s3batch.formats.fastcsv.FastCsvParser.take_json``)."""
+        """Count ``records`` written at once by the fast CSV path, as ``passthrough`` or the handler's block
+        encoder writes them (one output each, no reject: ``s3batch.formats.fastcsv.FastCsvParser.take_json``)."""
         self._handed += records
 
     def _add_rejects(self, found: list[Reject], rejects: list[tuple[int, bytes]]) -> None:
