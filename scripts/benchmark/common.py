@@ -122,9 +122,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 def _cpu_snapshot() -> tuple[float, float]:
     """(CPU seconds used by the whole machine, CPU seconds used by this benchmark's process tree)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+    busy = machine_cpu() * _TICK
     stats: dict[int, tuple[int, int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -148,6 +146,30 @@ def _cpu_snapshot() -> tuple[float, float]:
                 changed = True
     mine = sum(stats[p][1] for p in ours if p in stats)
     return busy / _TICK, mine / _TICK
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has been busy (every core; idle and iowait not counted)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / _TICK
+
+
+def add_busy_row(b: Bench, case: str, one: float, two: float) -> None:
+    """The info row of a case of more cores or workers: the cores the whole machine kept busy on each side, and
+    the most the side with more can gain when the baseline side already kept ``one`` of them busy."""
+    cores = len(os.sched_getaffinity(0))
+    b.add(case, f"cores busy on the whole machine during the job, of {cores}; the speedup that leaves at most",
+          f"{two:.2f}", f"{one:.2f}", f"{cores / one:.2f}x" if one else "", "", "info")
+
+
+def add_cpu_row(b: Bench, case: str, plain_seconds: float, cpu_seconds: float) -> None:
+    """The info row of a case against the plain script: the best ratio the CPU that s3batch's side used (its
+    worker and the S3 server, which share the machine's cores) allows: plain seconds / (CPU / cores)."""
+    cores = os.cpu_count() or 1
+    floor = cpu_seconds / cores
+    b.add(case, f"the best ratio that CPU allows on {cores} shared cores: plain s / (CPU / cores)",
+          f"{floor:.2f} s", f"{plain_seconds:.2f} s", f"{plain_seconds / floor:.2f}x" if floor else "", "", "info")
 
 
 class CaseClock:

@@ -16,7 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from s3batch.dev.workers import WorkerProcess
-from scripts.benchmark.common import SRC, Bench, CaseClock, fmt_rate, log, median, run_job, verdict
+from scripts.benchmark.common import (
+    SRC,
+    Bench,
+    CaseClock,
+    add_busy_row,
+    fmt_rate,
+    log,
+    machine_cpu,
+    median,
+    run_job,
+    verdict,
+)
 
 BIG_KEY = "big/customers.csv"
 """The big CSV of cases 1, 2 and 6 (``scripts.benchmark.data``)."""
@@ -40,24 +51,30 @@ def _split_bytes(b: Bench) -> int:
     return max(size // 2 + 1, 64 * 1024)
 
 
-async def _timed(b: Bench, case: str, sides: dict[str, Callable[[str, str], list[WorkerProcess]]]) -> dict[str, float]:
-    """Median seconds of the big-file job on each side (workers started by ``sides[side](name, queue)``)."""
+async def _timed(
+    b: Bench, case: str, sides: dict[str, Callable[[str, str], list[WorkerProcess]]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds of the big-file job on each side (workers started by ``sides[side](name, queue)``), and
+    the median cores the whole machine kept busy during it (workers, S3 and Temporal servers, anything else)."""
     z = b.sizes
     split = _split_bytes(b)
     seconds: dict[str, list[float]] = {side: [] for side in sides}
+    busy: dict[str, list[float]] = {side: [] for side in sides}
     for rep in range(z.reps):
         order = list(sides) if rep % 2 == 0 else list(reversed(sides))
         for side in order:
             queue = f"bench-{case}-{side}-{uuid.uuid4().hex[:6]}"
             workers = sides[side](f"{case}-{side}-r{rep}", queue)
+            cpu0 = machine_cpu()
             r = await run_job(b.client, queue, prefix="big/", out_prefix=f"{case}/r{rep}/{side}/",
                               chunk_records=z.chunk_records, max_concurrent_files=2, split_bytes=split)
+            busy[side].append((machine_cpu() - cpu0) / r["seconds"])
             for w in workers:
                 w.stop()
             assert r["totals"]["records_written"] == z.big_rows, r["totals"]
             seconds[side].append(r["seconds"])
             log(f"case {case} rep {rep}: {side} {r['seconds']:.2f}s ({z.big_rows / r['seconds']:,.0f} rows/s)")
-    return {side: median(values) for side, values in seconds.items()}
+    return {side: median(v) for side, v in seconds.items()}, {side: median(v) for side, v in busy.items()}
 
 
 async def case_cores(b: Bench) -> None:
@@ -78,13 +95,14 @@ async def case_cores(b: Bench) -> None:
 
         return start
 
-    cores = await _timed(b, "11", {"one": processes({0}), "two": processes(None)})
+    cores, busy = await _timed(b, "11", {"one": processes({0}), "two": processes(None)})
     s1, s2 = cores["one"], cores["two"]
     b.results["11_cores"] = {"rows": z.big_rows, "one_core_seconds": s1, "two_cores_seconds": s2,
-                             "speedup": s1 / s2, "load": clock.summary()}
+                             "speedup": s1 / s2, "machine_cores_busy": busy, "load": clock.summary()}
     b.add("11. one big file, 2 cores vs 1", "rows/s, one worker of 2 processes, 2 splits",
           fmt_rate(z.big_rows / s2) + " (2 cores)", fmt_rate(z.big_rows / s1) + " (1 core)", f"{s1 / s2:.2f}x",
           ">= 1.7x", verdict(s1 / s2 >= 1.7))
+    add_busy_row(b, "11. one big file, 2 cores vs 1", busy["one"], busy["two"])
 
     def workers(n: int) -> Callable[[str, str], list[WorkerProcess]]:
         def start(name: str, queue: str) -> list[WorkerProcess]:
@@ -94,10 +112,11 @@ async def case_cores(b: Bench) -> None:
         return start
 
     clock = CaseClock()
-    many = await _timed(b, "12", {"one": workers(1), "two": workers(2)})
+    many, busy = await _timed(b, "12", {"one": workers(1), "two": workers(2)})
     w1, w2 = many["one"], many["two"]
     b.results["12_workers"] = {"rows": z.big_rows, "one_worker_seconds": w1, "two_workers_seconds": w2,
-                               "speedup": w1 / w2, "load": clock.summary()}
+                               "speedup": w1 / w2, "machine_cores_busy": busy, "load": clock.summary()}
     b.add("12. one big file, 2 workers vs 1", "rows/s, 2 splits, workers of one process and slot",
           fmt_rate(z.big_rows / w2) + " (2 workers)", fmt_rate(z.big_rows / w1) + " (1 worker)", f"{w1 / w2:.2f}x",
           ">= 1.7x", verdict(w1 / w2 >= 1.7))
+    add_busy_row(b, "12. one big file, 2 workers vs 1", busy["one"], busy["two"])

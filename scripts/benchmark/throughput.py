@@ -16,10 +16,13 @@ from scripts.benchmark.common import (
     SRC,
     Bench,
     CaseClock,
+    add_busy_row,
+    add_cpu_row,
     fmt_rate,
     has_grouping,
     history_chain,
     log,
+    machine_cpu,
     median,
     peak_rss_mb,
     run_job,
@@ -108,13 +111,10 @@ async def case_big(b: Bench, *, validate: bool) -> None:
           f"{p / act:.2f}x" if act else "", "", "info")
     # Worker and S3 server share the machine's cores: their CPU per file bounds the job's wall time from below.
     c = {k: median(v) for k, v in cpu.items()}
-    floor = (c["s3batch_worker"] + c["s3batch_s3_server"]) / (os.cpu_count() or 1)
     b.add(f"{name[0]}. {what}", "CPU s per file: worker + S3 server (plain: script + S3 server)",
           f"{c['s3batch_worker']:.2f} + {c['s3batch_s3_server']:.2f}",
           f"{c['plain']:.2f} + {c['plain_s3_server']:.2f}", "", "", "info")
-    cores = os.cpu_count()
-    b.add(f"{name[0]}. {what}", f"the best ratio that CPU allows on {cores} shared cores: plain s / (CPU / cores)",
-          f"{floor:.2f} s", f"{p:.2f} s", f"{p / floor:.2f}x" if floor else "", "", "info")
+    add_cpu_row(b, f"{name[0]}. {what}", p, c["s3batch_worker"] + c["s3batch_s3_server"])
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -182,6 +182,7 @@ async def case_small(b: Bench) -> None:
     b.add("3. many small files", "CPU ms per file: worker + S3 server (plain: loop + S3 server)",
           f"{cpu_ms['s3batch_worker']:.1f} + {cpu_ms['s3batch_s3_server']:.1f}",
           f"{cpu_ms['plain_client']:.1f} + {cpu_ms['plain_s3_server']:.1f}", "", "", "info")
+    add_cpu_row(b, "3. many small files", plain, worker_cpu + s3b_server)
 
 
 async def case_two_workers(b: Bench) -> None:
@@ -202,11 +203,14 @@ async def case_two_workers(b: Bench) -> None:
     for w in two:
         w.wait_ready()
     seconds: dict[str, list[float]] = {"one": [], "two": []}
+    busy: dict[str, list[float]] = {"one": [], "two": []}
     for rep in range(z.reps):
         for side in (("one", "two") if rep % 2 == 0 else ("two", "one")):
+            cpu0 = machine_cpu()
             r = await run_job(b.client, queue1 if side == "one" else queue2, prefix="multi/",
                               out_prefix=f"4/r{rep}/{side}/", chunk_records=z.chunk_records,
                               max_concurrent_files=z.multi_files)
+            busy[side].append((machine_cpu() - cpu0) / r["seconds"])
             assert r["totals"]["records_written"] == rows, r["totals"]
             seconds[side].append(r["seconds"])
             log(f"case 4 rep {rep}: {side} worker(s) {r['seconds']:.1f}s ({rows / r['seconds']:,.0f} rows/s)")
@@ -216,10 +220,11 @@ async def case_two_workers(b: Bench) -> None:
     b.results["4_two_workers"] = {
         "files": z.multi_files, "rows_per_file": z.multi_rows, "bytes": total, "slots_per_worker": z.multi_slots,
         "one_worker_seconds": seconds["one"], "two_workers_seconds": seconds["two"],
-        "speedup": s1 / s2, "load": clock.summary(),
+        "speedup": s1 / s2, "machine_cores_busy": busy, "load": clock.summary(),
     }
     b.add("4. two workers", f"rows/s, {z.multi_files} x {z.multi_rows:,} rows", fmt_rate(rows / s2) + " (2 workers)",
           fmt_rate(rows / s1) + " (1 worker)", f"{s1 / s2:.2f}x", ">= 1.5x", verdict(s1 / s2 >= 1.5))
+    add_busy_row(b, "4. two workers", median(busy["one"]), median(busy["two"]))
 
 
 async def case_memory(b: Bench) -> None:
