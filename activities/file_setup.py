@@ -125,11 +125,11 @@ BEHIND_MIN_BYTES = 4 * 1024 * 1024
 def chunk_paths(handler: object, output: object, size: int) -> tuple[bool, bool, WriteBehind]:
     """How a file's chunks are kept and written: into JSONL parts, the built-in ``passthrough`` and a handler
     with a block encoder (``s3batch.columns``) take runs of rows' documents at once from the fast CSV path
-    (``packed``); into a table in
-    insert mode passthrough keeps them as the file's own CSV for the database's CSV ``COPY`` (``as_csv``). A
-    file of ``size`` bytes or more (``BEHIND_MIN_BYTES``) is written behind the chunk loop: its parts on S3
-    one chunk behind, its table's transactions as many as the sink allows (``PostgresOutput.writes_behind``,
-    ``writes_at_once`` of them at once); a small file's chunks at once."""
+    (``packed``); into a table in insert mode passthrough keeps them as the file's own CSV for the
+    database's CSV ``COPY`` (``as_csv``). A file of ``size`` bytes or more (``BEHIND_MIN_BYTES``) is written
+    behind the chunk loop: its parts on S3 one chunk behind, its table's transactions as many as the sink
+    allows (``PostgresOutput.writes_behind``, ``writes_at_once`` of them at once); a small file's chunks at
+    once."""
     passing = handler is passthrough
     packed = (passing or encoder_of(handler) is not None) and type(output) is FileOutput
     as_csv = passing and bool(getattr(output, "takes_csv", False))
