@@ -113,13 +113,17 @@ class JobState(_Model):
     whole: list[str] | None = None
     """Files over ``split_bytes`` that could not be split (a quoted CSV line break where a split began):
     processed whole instead. A file leaves it when its result is recorded; None: none (and left out)."""
+    split_counts: dict[str, int] | None = None
+    """Handed-over files that ran in byte-range splits, by key: how many (the next run starts the same
+    splits, each resuming from its own checkpoint). A file leaves it when its result is recorded; None:
+    none (and left out of the state)."""
 
     @model_serializer(mode="wrap")
     def _omit_no_warnings(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _OPTIONAL_STATE)
 
 
-_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept", "whole"})
+_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept", "whole", "split_counts"})
 
 
 class JobCheck(_Model):

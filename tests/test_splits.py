@@ -200,6 +200,24 @@ def test_a_crashed_split_resumes_from_its_own_checkpoint(s3: Any, buckets: tuple
     assert outputs(s3, buckets[1], "split/", obj.key)[0] == outputs(s3, buckets[1], "whole/", obj.key)[0]
 
 
+def test_a_finished_split_started_again_returns_its_result_and_writes_nothing(
+    s3: Any, buckets: tuple[str, str]
+) -> None:
+    """A file in splits handed over at continue-as-new runs the same splits in the next run: one that had
+    finished meanwhile finds its final checkpoint and gives the same result, its parts untouched."""
+    lines = [json.dumps({"n": i}).encode() for i in range(300)]
+    obj = upload(s3, buckets[0], "big/twice.jsonl", b"\n".join(lines) + b"\n")
+    req = request(buckets, obj, "split/", split=split_ranges(obj, 2)[1])
+    first = run(s3, req)
+    before = s3.list_objects_v2(Bucket=buckets[1], Prefix="split/")["Contents"]
+    again = run(s3, req, details=[None])
+    assert again.model_dump(exclude={"attempts"}) == first.model_dump(exclude={"attempts"})
+    after = s3.list_objects_v2(Bucket=buckets[1], Prefix="split/")["Contents"]
+    assert [(o["Key"], o["ETag"], o["LastModified"]) for o in after] == [
+        (o["Key"], o["ETag"], o["LastModified"]) for o in before
+    ]
+
+
 def test_splits_of_another_count_are_replaced(s3: Any, buckets: tuple[str, str]) -> None:
     """A file split in 4 by an earlier job, then in 2 into the same output: the old splits' parts go."""
     lines = [json.dumps({"n": i}).encode() for i in range(300)]

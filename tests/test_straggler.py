@@ -176,6 +176,52 @@ async def test_straggler_is_handed_over_and_the_next_runs_fill_the_slots(
         assert replayed.replay_failure is None, run_id
 
 
+async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the_same_splits(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    """A big file over ``split_bytes`` runs in two splits (two slots); once the run is full its splits
+    stop at a chunk boundary like any straggler, and the next run starts the same two splits, each
+    resuming from its own checkpoint (before, the run waited for them with its other slots idle)."""
+    src, out = buckets
+    _put_job_files(s3, src)
+    size = s3.head_object(Bucket=src, Key=BIG)["ContentLength"]
+    job = _spec(src, out, split_bytes=size // 2 + 1)
+    handle = await _start(client, task_queue, src, out, "straggler-splits", job=job)
+    result = await handle.result()
+
+    assert result.status == "succeeded"
+    assert result.totals.files_succeeded == 1 + len(SMALLS)
+    assert result.totals.records_written == BIG_ROWS + SMALL_ROWS * len(SMALLS)
+    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
+    for key in SMALLS:
+        assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
+    entries = _check_report_books(report(s3, out))
+    big = entries[BIG]
+    assert big["splits"] == 2 and big["records"] == BIG_ROWS, big
+    assert big["resumed_from_record"] > 0, big  # its splits resumed from their checkpoints, not from the start
+
+    runs = await _runs(client, handle)
+    legs = []  # (run, split, stopped for a hand-over) of each activity of the big file
+    for index, events in enumerate(runs):
+        stopped = _cancel_requested(events)
+        for sid, summary in (await _file_activities(client, events)).items():
+            if summary.startswith(BIG):
+                legs.append((index, summary[len(BIG) :], sid in stopped))
+    assert {split for _, split, _ in legs} == {" (split 1 of 2)", " (split 2 of 2)"}, legs  # the same two
+    legged = sorted({run for run, _, _ in legs})
+    assert len(legged) >= 2, f"the big file's splits ran in one run only: {legs}"
+    assert all(stopped for run, _, stopped in legs if run < legged[-1]), legs  # stopped in every run but its last
+    later = [key for events in runs[legged[0] + 1 :] for key in (await _file_activities(client, events)).values()]
+    assert set(SMALLS) & set(later), "no small file ran beside the handed-over splits"
+    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
+    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
+    for events in runs[:-1]:
+        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+    for run_id in chain_ids:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
+
+
 async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its_committed_records(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
 ) -> None:
@@ -339,6 +385,45 @@ def test_a_file_whose_leg_commits_no_chunk_is_not_handed_over_again() -> None:
     books.check()
     assert st.handed_over is None and st.kept is None
     assert st.model_dump(mode="json").keys().isdisjoint({"handed_over", "kept"}), "left out of the state when unset"
+
+
+def test_a_file_handed_over_in_splits_runs_in_the_same_splits_until_its_result_or_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+    import types
+
+    import s3batch.workflows.splits as splits
+    from s3batch.workflows.splits import process_whole, split_count
+
+    monkeypatch.setattr(splits, "workflow", types.SimpleNamespace(logger=logging.getLogger("test")))  # no workflow here
+
+    from s3batch.models import S3BatchInput
+
+    st = JobState()
+    books = Books(st)
+    spec = S3BatchInput(bucket="src", output_bucket="out", split_bytes=100_000)
+    big = ObjectRef(key="big.csv", etag="e", size=1_000_000)
+    assert split_count(spec, st, big, 3) == 3
+    st.totals.files_listed = 1
+    books.in_flight = {"big.csv": big}
+    books.hand_over([big], [_stopped("big.csv", 5)], "src", splits=3)
+    assert st.split_counts == {"big.csv": 3} and [o.key for o in st.pending] == ["big.csv"]
+    # The next run starts the same three splits, whatever slots are free (each resumes from its checkpoint).
+    assert split_count(spec, st, big, 8) == 3 and split_count(spec, st, big, 1) == 3
+    # Found not splittable there: processed whole from then on.
+    process_whole(st, big)
+    assert st.split_counts is None and split_count(spec, st, big, 8) == 1
+    # Handed over again, then its result: the state forgets it.
+    st.whole = None
+    st.pending.clear()
+    books.hand_over([big], [_stopped("big.csv", 9)], "src", splits=2)
+    assert st.split_counts == {"big.csv": 2}
+    st.pending.clear()
+    books.record(FileResult(key="big.csv", etag="e", status="succeeded", splits=2))
+    books.in_flight = {}
+    books.check()
+    assert st.split_counts is None and "split_counts" not in st.model_dump(mode="json")
 
 
 def _timed_out() -> ActivityError:

@@ -80,6 +80,10 @@ checkpoint (v0.1.0 and v0.2.0 waited for every file in flight, leaving the other
 
 SPLIT_BIG_FILES = "split-big-files"
 """A file over ``split_bytes`` runs as byte-range splits at once (v0.2.0 and before: one activity a file)."""
+HAND_OVER_SPLITS = "hand-over-splits"
+"""A file in byte-range splits is handed over like any other straggler: its splits stop at a chunk boundary
+and the next run starts the same splits again, each resuming from its checkpoint (before: a run with a file
+in splits in flight waited for all of them before it continued as new, leaving the other slots idle)."""
 
 
 @workflow.defn(name="S3BatchWorkflow")
@@ -107,6 +111,8 @@ class S3BatchWorkflow:
         self._finished = 0
         self._active = 0
         """File activities running (a group of small files is one)."""
+        self._split_slots = 0
+        """Of those, the slots of files in splits beyond one a file (a file in 3 splits: 2)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._fatal: ApplicationError | None = None
         """An accounting error found by a file task, raised by the scheduling loop."""
@@ -193,6 +199,7 @@ class S3BatchWorkflow:
         for obj in group:
             self._books.in_flight[obj.key] = obj
         self._active += splits  # a file in splits takes a slot per split
+        self._split_slots += splits - 1
         task = asyncio.create_task(self._process(group) if splits == 1 else self._process_splits(group[0], splits))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -207,8 +214,10 @@ class S3BatchWorkflow:
             return False
         if not self._books.may_hand_over() or not workflow.patched(HAND_OVER_STRAGGLERS):
             return False
-        if self._active >= self._limit() or len(self._books.in_flight) != self._active:
+        if self._active >= self._limit() or len(self._books.in_flight) + self._split_slots != self._active:
             return False  # no slot idle, or small files in groups (done in seconds): nothing to gain
+        if self._split_slots and not workflow.patched(HAND_OVER_SPLITS):
+            return False  # a job started before: it waits for its files in splits
         if self._grace is None:
             self._grace = asyncio.create_task(self._grace_timer())
         return self._grace.done()
@@ -324,6 +333,7 @@ class S3BatchWorkflow:
         for obj in group:
             del self._books.in_flight[obj.key]
         self._active -= slots
+        self._split_slots -= slots - 1
         self._finished += 1
         self._update_details()
 
@@ -331,9 +341,14 @@ class S3BatchWorkflow:
         """Process a big file as ``count`` byte-range splits at once; record one result for it."""
         spec = self._spec
         try:
-            ended = await run_splits(spec, obj, count, self._ending)
-            outcome = split_outcome(self._books, spec, obj, ended, stopped=self._ending())
-            if outcome is not None:  # else put back, to be processed whole
+            ended = await run_splits(spec, obj, count, lambda: self._ending() or self._handing_over)
+            over = self._handing_over and not self._ending()  # a hand-over, not a cancel
+            outcome = split_outcome(self._books, spec, obj, ended, stopped=self._ending() or over, handing_over=over)
+            if outcome is None:
+                pass  # put back, to be processed whole
+            elif over:
+                self._books.hand_over([obj], outcome, spec.bucket, splits=count)
+            else:
                 self._books.record_group([obj], outcome, spec.bucket)
         except ApplicationError as err:
             self._fatal = err  # raised by the scheduling loop

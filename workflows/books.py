@@ -97,11 +97,12 @@ class Books:
         self.results.append(result)
         self._forget_hand_over(result.key)
 
-    def hand_over(self, group: list[ObjectRef], results: list[FileResult], bucket: str) -> None:
+    def hand_over(self, group: list[ObjectRef], results: list[FileResult], bucket: str, *, splits: int = 1) -> None:
         """Put the files of ``group`` that stopped for a hand-over (their result says ``cancelled``)
         back at the front of ``pending``, for the next run, and record the others (files finished or
         failed meanwhile). Neither succeeded nor failed, a handed-over file is counted once, when its
-        result comes in a later run.
+        result comes in a later run. A file that ran in ``splits`` byte-range splits runs in the same
+        splits in the next run (``JobState.split_counts``).
 
         A file whose leg committed no chunk since its last hand-over is ``kept``: it is not handed
         over again, so every file makes progress.
@@ -116,6 +117,8 @@ class Books:
                 st.kept = [*(st.kept or []), obj.key]
             handed[obj.key] = max(chunks, handed.get(obj.key, 0))
         st.handed_over = handed or None
+        if splits > 1 and again:
+            st.split_counts = {**(st.split_counts or {}), **{obj.key: splits for obj in again}}
         st.pending[0:0] = again
         rest = [obj for obj in group if obj.key not in stopped]
         if rest:
@@ -163,6 +166,9 @@ class Books:
             st.handed_over = st.handed_over or None
         if st.kept and key in st.kept:
             st.kept = [k for k in st.kept if k != key] or None
+        if st.split_counts and key in st.split_counts:
+            del st.split_counts[key]
+            st.split_counts = st.split_counts or None
 
     def check(self) -> None:
         """Fail the job loudly when its counts or key digests do not add up (a lost or doubled file).

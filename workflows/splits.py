@@ -39,9 +39,14 @@ Ended = tuple[list[FileResult], ActivityError | None]
 
 
 def split_count(spec: S3BatchInput, st: JobState, obj: ObjectRef, free: int) -> int:
-    """How many splits ``obj`` is processed in (1: whole), with ``free`` slots to run them in."""
+    """How many splits ``obj`` is processed in (1: whole), with ``free`` slots to run them in; a file an
+    earlier run handed over in splits runs in the same ones."""
+    if obj.key in (st.whole or ()):
+        return 1
+    if st.split_counts and obj.key in st.split_counts:
+        return st.split_counts[obj.key]
     limit = spec.split_bytes
-    if limit is None or obj.size <= limit or free < 2 or obj.key in (st.whole or ()):
+    if limit is None or obj.size <= limit or free < 2:
         return 1
     if spec.sink is not None and spec.sink.type != "s3":
         return 1  # a table: one checkpoint row per file
@@ -150,22 +155,26 @@ def cannot_split(error: ActivityError) -> bool:
 
 
 def split_outcome(
-    books: Books, spec: S3BatchInput, obj: ObjectRef, ended: Ended, *, stopped: bool
+    books: Books, spec: S3BatchInput, obj: ObjectRef, ended: Ended, *, stopped: bool, handing_over: bool = False
 ) -> list[FileResult] | None:
-    """The result to record for a file whose splits ended (``ended``: :func:`run_splits`'s); None when it
-    could not be split and was put back to be processed whole (:func:`process_whole`)."""
+    """The result to record for a file whose splits ended (``ended``: :func:`run_splits`'s; ``stopped`` and
+    ``handing_over`` as ``Books.failed`` takes them); None when it could not be split and was put back to be
+    processed whole (:func:`process_whole`)."""
     results, error = ended
     if error is None:
         return [merged(spec, obj, results)]
-    if cannot_split(error) and not stopped:
+    if cannot_split(error) and (handing_over or not stopped):  # a hand-over: the next run processes it whole
         process_whole(books.state, obj)
         return None
-    return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=False)
+    return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
 
 
 def process_whole(st: JobState, obj: ObjectRef) -> None:
     """Put ``obj``, which could not be split, back at the front of the pending files, to run whole."""
     workflow.logger.warning("%s cannot be split (a quoted line break at a split boundary): processed whole", obj.key)
     st.whole = [*(st.whole or []), obj.key]
+    if st.split_counts and obj.key in st.split_counts:  # handed over in splits before: whole from now on
+        del st.split_counts[obj.key]
+        st.split_counts = st.split_counts or None
     st.pending.insert(0, obj)
 
