@@ -211,7 +211,9 @@ def test_a_finished_split_started_again_returns_its_result_and_writes_nothing(
     first = run(s3, req)
     before = s3.list_objects_v2(Bucket=buckets[1], Prefix="split/")["Contents"]
     again = run(s3, req, details=[None])
-    assert again.model_dump(exclude={"attempts"}) == first.model_dump(exclude={"attempts"})
+    same = {"attempts", "resumed_from_record"}
+    assert again.model_dump(exclude=same) == first.model_dump(exclude=same)
+    assert again.resumed_from_record == first.records > 0  # resumed from its final checkpoint: nothing left
     after = s3.list_objects_v2(Bucket=buckets[1], Prefix="split/")["Contents"]
     assert [(o["Key"], o["ETag"], o["LastModified"]) for o in after] == [
         (o["Key"], o["ETag"], o["LastModified"]) for o in before
