@@ -18,7 +18,7 @@ Control, by workflow updates (``temporal workflow update execute --name pause`` 
 
 Besides the control flow here: ``ledger`` (listing pages, an incremental job's ledger), ``report`` (the
 report, why a finished job fails), ``inputs``, ``schedule`` (activity options and inputs, groups of small
-files), ``splits`` (big files in byte-range splits), ``books`` and ``status``, all under ``s3batch.workflows``.
+files), ``splits`` (big files in splits), ``books``, ``status``, ``patches``, all under ``s3batch.workflows``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.workflows.books import Books, cancelled_result, completed_anyway
     from s3batch.workflows.inputs import parse_job, parse_state
     from s3batch.workflows.ledger import list_page, write_ledger
+    from s3batch.workflows.patches import (
+        FAIL_IF_EMPTY,
+        HAND_OVER_SPLITS,
+        HAND_OVER_STRAGGLERS,
+        KEEP_REQUEUED_FILES,
+        REPORT_ON_ANY_CANCEL,
+        SPLIT_BIG_FILES,
+    )
     from s3batch.workflows.report import job_failure, write_report
     from s3batch.workflows.schedule import (
         HAND_OVER_GRACE,
@@ -62,29 +70,6 @@ with workflow.unsafe.imports_passed_through():
 
 LIST_PAGE_SIZE = 500
 MAX_CONCURRENCY = 1_000
-
-# Patches: changes that alter the commands of a running job (see tests/histories/).
-KEEP_REQUEUED_FILES = "keep-requeued-files"
-"""Files of a failed group, put back in ``pending`` while the next page was being listed, are kept
-(v0.1.0 replaced ``pending`` with the new page, dropping them)."""
-REPORT_ON_ANY_CANCEL = "report-on-any-cancel"
-"""A job cancelled while a short activity (listing, check, report segment) is in flight still writes
-its report (v0.1.0 ended without one)."""
-FAIL_IF_EMPTY = "fail-if-empty"
-"""A job with ``fail_if_empty`` whose prefix matched no file fails (``EmptyPrefix``) after writing its
-report as failed (jobs before it could only succeed with 0 files)."""
-HAND_OVER_STRAGGLERS = "hand-over-stragglers"
-"""A run that has started its files stops the files still in flight after ``HAND_OVER_GRACE`` at their
-next chunk boundary and hands them to the next run, which resumes them from their committed
-checkpoint (v0.1.0 and v0.2.0 waited for every file in flight, leaving the other slots idle)."""
-
-SPLIT_BIG_FILES = "split-big-files"
-"""A file over ``split_bytes`` runs as byte-range splits at once (v0.2.0 and before: one activity a file)."""
-HAND_OVER_SPLITS = "hand-over-splits"
-"""A file in byte-range splits is handed over like any other straggler: its splits stop at a chunk boundary
-and the next run starts the same splits again, each resuming from its checkpoint (before: a run with a file
-in splits in flight waited for all of them before it continued as new, leaving the other slots idle)."""
-
 
 @workflow.defn(name="S3BatchWorkflow")
 class S3BatchWorkflow:

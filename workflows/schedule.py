@@ -14,6 +14,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
+    from s3batch.workflows.patches import LARGEST_FIRST
 
     from s3batch.errors import NON_RETRYABLE_TYPES
     from s3batch.messages import JobState, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput, SplitRange
@@ -117,8 +118,6 @@ def run_is_full(st: JobState, started: int) -> bool:
     return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested()
 
 
-LARGEST_FIRST = "largest-first"
-"""Patch: the files of a listing page are started biggest first (v0.2.0 and before: in key order)."""
 
 
 def largest_first(objects: list[ObjectRef]) -> list[ObjectRef]:

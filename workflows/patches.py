@@ -1,0 +1,29 @@
+"""The workflow's patches: each change that alters the commands of a running job, by the ID it gives
+``workflow.patched``. A job started before a change replays its recorded history without the change's
+marker and keeps its old behaviour; a job started after it takes the new one. Recorded histories of
+earlier releases are replayed in CI (``tests/histories/``, ``tests/test_replay.py``)."""
+
+from __future__ import annotations
+
+KEEP_REQUEUED_FILES = "keep-requeued-files"
+"""Files of a failed group, put back in ``pending`` while the next page was being listed, are kept
+(v0.1.0 replaced ``pending`` with the new page, dropping them)."""
+REPORT_ON_ANY_CANCEL = "report-on-any-cancel"
+"""A job cancelled while a short activity (listing, check, report segment) is in flight still writes
+its report (v0.1.0 ended without one)."""
+FAIL_IF_EMPTY = "fail-if-empty"
+"""A job with ``fail_if_empty`` whose prefix matched no file fails (``EmptyPrefix``) after writing its
+report as failed (jobs before it could only succeed with 0 files)."""
+HAND_OVER_STRAGGLERS = "hand-over-stragglers"
+"""A run that has started its files stops the files still in flight after ``HAND_OVER_GRACE`` at their
+next chunk boundary and hands them to the next run, which resumes them from their committed
+checkpoint (v0.1.0 and v0.2.0 waited for every file in flight, leaving the other slots idle)."""
+
+SPLIT_BIG_FILES = "split-big-files"
+"""A file over ``split_bytes`` runs as byte-range splits at once (v0.2.0 and before: one activity a file)."""
+HAND_OVER_SPLITS = "hand-over-splits"
+"""A file in byte-range splits is handed over like any other straggler: its splits stop at a chunk boundary
+and the next run starts the same splits again, each resuming from its checkpoint (before: a run with a file
+in splits in flight waited for all of them before it continued as new, leaving the other slots idle)."""
+LARGEST_FIRST = "largest-first"
+"""The files of a listing page are started biggest first (v0.2.0 and before: in key order)."""
