@@ -228,6 +228,18 @@ async def splits_quoted(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return await ctx.start("splits_quoted", job), "succeeded"
 
 
+async def straggler_splits(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """A big slow file in two byte-range splits and six small files, three files per run: each full run
+    hands the splits over to the next (patch marker, grace timer, two activity cancels), which starts the
+    same two splits again."""
+    src, out = ctx.buckets("straggler-splits")
+    big = csv_rows(12_000)
+    ctx.put(src, {"in/00-big.csv": big, **{f"in/{i:02d}.csv": csv_rows(20) for i in range(1, 7)}})
+    job = _job(src, out, handler="slow_passthrough", chunk_records=100, group_max_files=1, max_concurrent_files=3,
+               split_bytes=len(big) // 2 + 1)
+    return await ctx.start("straggler_splits", job, {"files_per_run": 3}), "succeeded"
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "continue_as_new": continue_as_new,
     "groups": groups,
@@ -239,6 +251,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "straggler": straggler,
     "splits": splits,
     "splits_quoted": splits_quoted,
+    "straggler_splits": straggler_splits,
 }
 
 
