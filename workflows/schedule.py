@@ -118,8 +118,6 @@ def run_is_full(st: JobState, started: int) -> bool:
     return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested()
 
 
-
-
 def largest_first(objects: list[ObjectRef]) -> list[ObjectRef]:
     """A listing page's files in the order they start: the biggest first (ties in key order), so a big file
     listed after many small ones does not start last and hold its run (and the job) up after they are done;
