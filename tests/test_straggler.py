@@ -186,7 +186,18 @@ async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the
     _put_job_files(s3, src)
     size = s3.head_object(Bucket=src, Key=BIG)["ContentLength"]
     job = _spec(src, out, split_bytes=size // 2 + 1)
-    handle = await _start(client, task_queue, src, out, "straggler-splits", job=job)
+    gate = threading.Event()
+    GATES[src] = (3, gate)  # each split waits in its chunk 3 until the run asks them to stop: never done too soon
+    try:
+        handle = await _start(client, task_queue, src, out, "straggler-splits", job=job)
+
+        async def hand_over_requested() -> bool:
+            return bool(_cancel_requested(list((await handle.fetch_history()).events)))
+
+        await wait_for(hand_over_requested, 60, "the first run asking the splits to stop (a hand-over)")
+    finally:
+        gate.set()
+        del GATES[src]
     result = await handle.result()
 
     assert result.status == "succeeded"
