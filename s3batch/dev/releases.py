@@ -32,6 +32,10 @@ PREVIOUS_RELEASE = os.environ.get("S3BATCH_PREVIOUS_RELEASE", "v0.1.0")
 """The last release whose workers may still be running jobs when this code is deployed. Move it to
 the new tag at each release."""
 
+KNOWN_RELEASES = {"v0.1.0": "282dc19592fd6dcad109bcb583bcddba6092a3c5"}
+"""Release tags and the commits they name, for a clone that has the history but not the tags (the tag is
+used where it exists)."""
+
 CACHE = ROOT / ".stack" / "releases"
 
 
@@ -63,19 +67,22 @@ def resolve(ref: str) -> str:
     inside = subprocess.run([git, "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True, check=False)
     if inside.returncode != 0:
         raise ReleaseUnavailable(f"{ROOT.name} is not a git checkout (a source archive?): no history to build from")
-    result = subprocess.run(
-        [git, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ReleaseUnavailable(
-            f"git knows no {ref!r} in {ROOT.name}: clone with tags (`git fetch --tags`), or set "
-            "S3BATCH_PREVIOUS_RELEASE to the last release's tag or commit"
+    for name in (ref, KNOWN_RELEASES.get(ref)):
+        if name is None:
+            continue
+        result = subprocess.run(
+            [git, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
         )
-    return result.stdout.strip()
+        if result.returncode == 0:
+            return result.stdout.strip()
+    raise ReleaseUnavailable(
+        f"git knows no {ref!r} in {ROOT.name}: clone with tags (`git fetch --tags`) and full history, or set "
+        "S3BATCH_PREVIOUS_RELEASE to the last release's tag or commit"
+    )
 
 
 def build_release(ref: str = PREVIOUS_RELEASE, *, cache: Path = CACHE) -> Release:
