@@ -50,6 +50,8 @@ SMALL = 100
 """Size of a stub object that is grouped (the jobs below group objects under 1,000 bytes)."""
 BIG = 200_000
 """Size of a stub object over the jobs' ``split_bytes``: processed in splits, one per free slot."""
+MID = 100_000
+"""Size of a stub object in two splits: with a slot left over, a full run may hand it over (its splits)."""
 
 
 @dataclass
@@ -87,11 +89,11 @@ class Scenario:
             seed=seed,
             keys=keys,
             pages=pages,
-            sizes={k: rng.choice([SMALL, SMALL, 5_000, BIG]) for k in keys},
+            sizes={k: rng.choice([SMALL, SMALL, 5_000, BIG, MID]) for k in keys},
             failing={k for k in keys if rng.random() < 0.2},
             group_failures=rng.choice([0.0, 0.3, 0.7]),
             list_delay=(0.0, rng.choice([0.05, 0.5, 1.5])),
-            file_delay=(0.0, rng.choice([0.05, 0.3, 1.0])),
+            file_delay=(0.0, rng.choice([0.05, 0.3, 1.0, 3.0])),
             files_per_run=rng.randint(2, 12),
             rng=random.Random(seed * 7919 + 1),
         )
