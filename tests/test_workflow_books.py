@@ -93,7 +93,7 @@ class Scenario:
             failing={k for k in keys if rng.random() < 0.2},
             group_failures=rng.choice([0.0, 0.3, 0.7]),
             list_delay=(0.0, rng.choice([0.05, 0.5, 1.5])),
-            file_delay=(0.0, rng.choice([0.05, 0.3, 1.0, 3.0])),
+            file_delay=(0.0, rng.choice([0.05, 0.3, 1.0, 2.0])),
             files_per_run=rng.randint(2, 12),
             rng=random.Random(seed * 7919 + 1),
         )
