@@ -119,6 +119,34 @@ def _cancel_requested(events: list[Any]) -> set[int]:
     }
 
 
+async def _hand_over_requested(handle: WorkflowHandle[Any, Any]) -> bool:
+    """The job's current run has asked an activity to stop (a hand-over)."""
+    return bool(_cancel_requested(list((await handle.fetch_history()).events)))
+
+
+async def _assert_runs_replay(client: Client, handle: WorkflowHandle[Any, Any], runs: list[list[Any]]) -> None:
+    """Every run of the job (``runs``: :func:`_runs`'s) replays with the current workflow code."""
+    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
+    for events in runs[:-1]:
+        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
+    for run_id in chain_ids:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
+
+
+def _check_every_file_once(result: S3BatchResult, s3: Any, out: str) -> dict[str, dict[str, Any]]:
+    """The job succeeded with every file's records written exactly once and its report's books right;
+    the report's entries by key."""
+    assert result.status == "succeeded"
+    assert result.totals.files_succeeded == 1 + len(SMALLS)
+    assert result.totals.records_written == BIG_ROWS + SMALL_ROWS * len(SMALLS)
+    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
+    for key in SMALLS:
+        assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
+    return _check_report_books(report(s3, out))
+
+
 def _check_report_books(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """One report entry per listed file, and the totals are the sums of the entries; entries by key."""
     entries = {e["key"]: e for e in rep["files"]}
@@ -141,13 +169,7 @@ async def test_straggler_is_handed_over_and_the_next_runs_fill_the_slots(
     handle = await _start(client, task_queue, src, out, "straggler")
     result = await handle.result()
 
-    assert result.status == "succeeded"
-    assert result.totals.files_succeeded == 1 + len(SMALLS)
-    assert result.totals.records_written == BIG_ROWS + SMALL_ROWS * len(SMALLS)
-    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
-    for key in SMALLS:
-        assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
-    entries = _check_report_books(report(s3, out))
+    entries = _check_every_file_once(result, s3, out)
     # Its last leg resumed from the checkpoint committed before the hand-over (found on S3: a new
     # activity has no heartbeat of its own), never from the start.
     assert entries[BIG]["resumed_from_record"] > 0, entries[BIG]
@@ -166,14 +188,7 @@ async def test_straggler_is_handed_over_and_the_next_runs_fill_the_slots(
     assert set(SMALLS) & set(later), "no small file ran beside the handed-over big file"
 
     # The new history (a hand-over: marker, timer, activity cancel) replays with the current code.
-    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
-    for events in runs[:-1]:
-        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
-    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
-    for run_id in chain_ids:
-        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
-        replayed = await replayer.replay_workflow(history)
-        assert replayed.replay_failure is None, run_id
+    await _assert_runs_replay(client, handle, runs)
 
 
 async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the_same_splits(
@@ -191,22 +206,14 @@ async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the
     try:
         handle = await _start(client, task_queue, src, out, "straggler-splits", job=job)
 
-        async def hand_over_requested() -> bool:
-            return bool(_cancel_requested(list((await handle.fetch_history()).events)))
-
-        await wait_for(hand_over_requested, 60, "the first run asking the splits to stop (a hand-over)")
+        what = "the first run asking the splits to stop (a hand-over)"
+        await wait_for(lambda: _hand_over_requested(handle), 60, what)
     finally:
         gate.set()
         del GATES[src]
     result = await handle.result()
 
-    assert result.status == "succeeded"
-    assert result.totals.files_succeeded == 1 + len(SMALLS)
-    assert result.totals.records_written == BIG_ROWS + SMALL_ROWS * len(SMALLS)
-    assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
-    for key in SMALLS:
-        assert_exactly_once(s3, out, f"o/{key}/", SMALL_ROWS)
-    entries = _check_report_books(report(s3, out))
+    entries = _check_every_file_once(result, s3, out)
     big = entries[BIG]
     assert big["splits"] == 2 and big["records"] == BIG_ROWS, big
     assert big["resumed_from_record"] > 0, big  # its splits resumed from their checkpoints, not from the start
@@ -224,13 +231,7 @@ async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the
     assert all(stopped for run, _, stopped in legs if run < legged[-1]), legs  # stopped in every run but its last
     later = [key for events in runs[legged[0] + 1 :] for key in (await _file_activities(client, events)).values()]
     assert set(SMALLS) & set(later), "no small file ran beside the handed-over splits"
-    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
-    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
-    for events in runs[:-1]:
-        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
-    for run_id in chain_ids:
-        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
-        assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
+    await _assert_runs_replay(client, handle, runs)
 
 
 async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its_committed_records(
@@ -243,11 +244,8 @@ async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its
     try:
         handle = await _start(client, task_queue, src, out, "strag-cancel")
 
-        async def hand_over_requested() -> bool:
-            events = (await handle.fetch_history()).events
-            return bool(_cancel_requested(list(events)))
-
-        await wait_for(hand_over_requested, 60, "the first run asking the big file to stop (a hand-over)")
+        what = "the first run asking the big file to stop (a hand-over)"
+        await wait_for(lambda: _hand_over_requested(handle), 60, what)
         await handle.cancel()
 
         async def cancel_recorded() -> bool:

@@ -225,12 +225,7 @@ class BlockReader:
             else:
                 pieces.append(key)
             pieces += [column, '"}\n']
-        rows = pc.binary_join_element_wise(*pieces, "")
-        buffers = rows.buffers()
-        offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
-        start, end = offsets[0], offsets[-1]
-        blob = bytes(memoryview(buffers[2])[start:end]) if end > start else b""
-        return blob, _from(offsets, start)
+        return _concatenated(pc.binary_join_element_wise(*pieces, ""))
 
 
 BlockEncoder = Callable[[Any], Any]
@@ -258,11 +253,17 @@ def encode_block(encoder: BlockEncoder, table: Any) -> tuple[bytes, list[int], l
     refused = _ints(pc.indices_nonzero(pc.is_null(docs))) if docs.null_count else []
     if len(refused) == len(docs):
         return None
-    rows = pc.binary_join_element_wise(pc.fill_null(docs, "") if refused else docs, "\n", "")
+    blob, ends = _concatenated(pc.binary_join_element_wise(pc.fill_null(docs, "") if refused else docs, "\n", ""))
+    return blob, ends, refused
+
+
+def _concatenated(rows: Any) -> tuple[bytes, list[int]]:
+    """A string array's values one after the other, and where each starts (one more: the end)."""
     buffers = rows.buffers()
     offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
     start, end = offsets[0], offsets[-1]
-    return bytes(memoryview(buffers[2])[start:end]), _from(offsets, start), refused
+    blob = bytes(memoryview(buffers[2])[start:end]) if end > start else b""
+    return blob, _from(offsets, start)
 
 
 class BlockDocs:
