@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.messages import ListObjectsInput, ListObjectsResult, ObjectRef
-from s3batch.report import JobReport, redrive_plan
+from s3batch.report import fetch_report, redrive_plan
 from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
 from s3batch.selection import KeyFilter
 
@@ -42,7 +44,46 @@ def list_page(
     return ListObjectsResult(objects=objects, next_token=token)
 
 
-def list_redrive_page(s3: S3Client, req: ListObjectsInput, report: JobReport) -> ListObjectsResult:
+RedrivePlan = tuple[list[str], str | None]
+"""The keys a redrive processes again and where the rest of its report's listing starts (``redrive_plan``)."""
+
+
+class RedrivePlans:
+    """The redrive plans of the reports a worker lists from, kept by report version (ETag).
+
+    A redrive lists its files a page at a time from one report; each page reading and parsing the
+    whole report made a redrive quadratic (a million-file report is about 190 MB and seconds of
+    parsing, for each of its pages). The report is read once per worker process and version: a page
+    costs one HEAD of the report, to see it is still the version the plan was made from.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self._plans: OrderedDict[tuple[str, str, str, str], RedrivePlan] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()  # activities run in a thread pool
+
+    def plan(self, s3: S3Client, bucket: str, key: str, prefix: str) -> RedrivePlan:
+        """The plan of the report at ``s3://bucket/key`` for a job listing ``prefix``."""
+        action = "reading the job report to redrive"
+        try:
+            etag = s3.head_object(Bucket=bucket, Key=key)["ETag"]
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, action, bucket, key)
+        with self._lock:
+            found = self._plans.get((bucket, key, etag, prefix))
+            if found is not None:
+                self._plans.move_to_end((bucket, key, etag, prefix))
+                return found
+        report, etag = fetch_report(s3, bucket, key, action=action)
+        plan = redrive_plan(report, prefix)
+        with self._lock:
+            self._plans[(bucket, key, etag, prefix)] = plan
+            while len(self._plans) > self._keep:
+                self._plans.popitem(last=False)
+        return plan
+
+
+def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan) -> ListObjectsResult:
     """A page of the files to redrive from an earlier job's report, pinned to their current version:
     those that failed, were cancelled or never started, then, when that job was cancelled before
     its listing ended, the rest of its listing (from where it stopped).
@@ -50,7 +91,7 @@ def list_redrive_page(s3: S3Client, req: ListObjectsInput, report: JobReport) ->
     Continuation tokens: ``"<n>"`` is the n-th file of the report to redrive, ``"s3:<token>"`` a
     position in the rest of the listing (``"s3:"`` its start).
     """
-    keys, rest = redrive_plan(report, req.prefix)
+    keys, rest = plan
     token = req.continuation_token or "0"
     if token.startswith("s3:"):
         page = list_page(s3, req.bucket, req.prefix, req.page_size, token[3:] or None, req.selection)

@@ -19,7 +19,7 @@ from s3batch.activities import files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.incremental import list_incremental_page, write_ledger
-from s3batch.activities.listing import list_page, list_redrive_page
+from s3batch.activities.listing import RedrivePlans, list_page, list_redrive_page
 from s3batch.activities.manifests import check_manifest, list_manifest_page
 from s3batch.activities.ownership import check_output_free, write_check_metadata
 from temporalio import activity
@@ -69,6 +69,8 @@ class S3Activities:
         """The encryption keyring (first = current), set by the plugin: ``S3BatchSource`` is then an
         HMAC of the source, never its name."""
         self._pools: PostgresPools | None = None
+        self.redrive_plans = RedrivePlans()
+        """What a redrive lists, read once per report (not once per listing page)."""
 
     @property
     def pools(self) -> PostgresPools:
@@ -152,7 +154,8 @@ class S3Activities:
             return list_manifest_page(self.s3, req)
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
-            return list_redrive_page(self.s3, req, self._read_report(req.report))
+            plan = self.redrive_plans.plan(self.s3, *self._report_location(req.report), req.prefix)
+            return list_redrive_page(self.s3, req, plan)
         return list_page(self.s3, req.bucket, req.prefix, req.page_size, req.continuation_token, req.selection)
 
     def _report_location(self, uri: str) -> tuple[str, str]:

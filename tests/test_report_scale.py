@@ -21,9 +21,10 @@ from s3batch import layout
 from s3batch.accounting import key_digest
 from s3batch.client import prepare_redrive
 from s3batch.errors import ACCOUNTING_ERROR, S3Error
-from s3batch.messages import FileResult, FinalReportInput, ReasonCount, Totals
+from s3batch.messages import FileResult, FinalReportInput, ListObjectsInput, ListObjectsResult, ReasonCount, Totals
 from s3batch.models import JobSpec, S3BatchInput
 from s3batch.report import final_report, parse_report, put_report, segment_body
+from s3batch.s3io import make_client
 from tests.helpers import run
 from tests.helpers.jobs import new_id
 
@@ -251,3 +252,38 @@ async def test_a_job_of_3000_files_over_30_runs_reports_each_once_and_redrives(
     assert sorted(f.key for f in plan.files) == sorted(bad) and not plan.unlisted
     copied = s3.get_object(Bucket=out, Key=layout.report_copy_key("o/", plan.workflow_id))["Body"].read()
     assert copied == body  # the redrive reads its files from this copy
+
+
+def test_a_redrive_reads_its_report_once_not_once_a_page(s3: Any, buckets: tuple[str, str]) -> None:
+    """Each listing page of a redrive used to GET and parse the whole report: quadratic in the files to
+    redrive. The worker keeps the plan by report version: one GET for all pages, a HEAD each page, and
+    a report replaced meanwhile (another version) is read again."""
+    src, out = buckets
+    failed = [_result(i, "failed") for i in range(1_200)]
+    report = {"job_id": "j", "status": "failed", "input": {"bucket": src, "output_bucket": out}}
+    key = "o/_s3batch/redrive-of-j.json"
+    s3.put_object(Bucket=out, Key=key, Body=json.dumps({**report, "files": [f.model_dump() for f in failed]}))
+    counted = make_client()
+    calls: list[str] = []
+    counted.meta.events.register("before-call.s3.*", lambda event_name, **_: calls.append(event_name.split(".")[-1]))
+    activities = S3Activities(counted)
+    env = ActivityEnvironment()
+
+    def page(token: str | None) -> ListObjectsResult:
+        req = ListObjectsInput(bucket=src, prefix="in/", report=f"s3://{out}/{key}", continuation_token=token)
+        return env.run(activities.list_objects, req)
+
+    listed: list[str] = []
+    token: str | None = None
+    for _ in range(3):
+        result = page(token)
+        listed += [o.key for o in result.objects]
+        token = result.next_token
+    assert token is None and listed == [f.key for f in failed]  # pages of 500, 500 and 200, in order
+    assert calls.count("GetObject") == 1
+    assert calls.count("HeadObject") == 3 + len(failed)  # the report each page, each file (gone: "deleted")
+
+    # Another version of the report (other failed files): the next page reads it.
+    s3.put_object(Bucket=out, Key=key, Body=json.dumps({**report, "files": [f.model_dump() for f in failed[:2]]}))
+    assert [o.key for o in page(None).objects] == [f.key for f in failed[:2]]
+    assert calls.count("GetObject") == 2
