@@ -20,7 +20,7 @@ from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.incremental import list_incremental_page, write_ledger
 from s3batch.activities.listing import RedrivePlans, list_page, list_redrive_page
-from s3batch.activities.manifests import check_manifest, list_manifest_page
+from s3batch.activities.manifests import ManifestPositions, check_manifest, list_manifest_page
 from s3batch.activities.ownership import check_output_free, write_check_metadata
 from temporalio import activity
 
@@ -71,6 +71,8 @@ class S3Activities:
         self._pools: PostgresPools | None = None
         self.redrive_plans = RedrivePlans()
         """What a redrive lists, read once per report (not once per listing page)."""
+        self.manifest_positions = ManifestPositions()
+        """Where the pages of manifests' plain data files ended (the next page starts there)."""
 
     @property
     def pools(self) -> PostgresPools:
@@ -151,7 +153,7 @@ class S3Activities:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
         if req.manifest:
             check_allowed(self.settings, "sources", *split_s3_uri(req.manifest))
-            return list_manifest_page(self.s3, req)
+            return list_manifest_page(self.s3, req, self.manifest_positions)
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
             plan = self.redrive_plans.plan(self.s3, *self._report_location(req.report), req.prefix)

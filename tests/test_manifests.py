@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
-from s3batch.activities.manifests import list_manifest_page
+from s3batch.activities.manifests import ManifestPositions, list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -201,7 +201,8 @@ def test_manifest_pages_hand_out_every_row_once_across_data_files(s3: Any, bucke
         while True:
             page = list_manifest_page(
                 s3, ListObjectsInput(bucket="", prefix="", manifest=f"s3://{out}/i/manifest.json",
-                                     continuation_token=token, page_size=size)
+                                     continuation_token=token, page_size=size),
+                ManifestPositions(),
             )
             pages += 1
             assert len(page.objects) <= size
@@ -219,7 +220,7 @@ def test_a_manifest_naming_two_buckets_is_refused_naming_the_row(s3: Any, bucket
     s3.put_object(Bucket=out, Key="two.csv", Body=f"{src},a.csv\n{out},two.csv\n".encode())
     req = ListObjectsInput(bucket="", prefix="", manifest=f"s3://{out}/two.csv")
     with pytest.raises(Exception, match="names objects of two buckets") as err:
-        list_manifest_page(s3, req)
+        list_manifest_page(s3, req, ManifestPositions())
     assert "row 2" in str(err.value)
 
 

@@ -1,0 +1,138 @@
+"""A manifest's pages, searched for counterexamples: whatever the rows (quoted fields, line breaks in
+keys, CRLF, a header, blank lines, JSONL, gzip, Parquet row groups), the page sizes and the worker
+process each page lands on, the pages hand out every row once, in the manifest's order. And a page
+does not read the rows before it again where it need not: a plain data file is entered where the
+page before ended (a ranged GET), Parquet at its row group."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from s3batch.activities.manifests import ManifestPositions, list_manifest_page
+
+from s3batch.messages import ListObjectsInput
+from s3batch.s3io import make_client
+
+# Keys with what a CSV must quote (comma, quote, line breaks) and more than ASCII; never a key that
+# is only spaces (a plain CSV row needs a key).
+KEYS = st.lists(
+    st.text(alphabet='ab,"\n\r é/', min_size=1, max_size=8).filter(lambda k: k.strip() != ""),
+    min_size=1,
+    max_size=30,
+    unique=True,
+)
+FORMATS = st.sampled_from(["csv", "csv-header", "csv-crlf", "csv-blank-lines", "csv.gz", "jsonl", "jsonl.gz"])
+
+
+def _field(text: str) -> str:
+    """A CSV field, quoted where it holds a delimiter, a quote or a line break (a lone CR too)."""
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\r\n') else text
+
+
+def _manifest(bucket: str, keys: list[str], fmt: str) -> bytes:
+    if fmt.startswith("jsonl"):
+        body = "".join(json.dumps({"bucket": bucket, "key": k}) + "\n" for k in keys)
+    else:
+        end = "\r\n" if fmt == "csv-crlf" else "\n"
+        lines = ["bucket,key"] if fmt == "csv-header" else []
+        for i, k in enumerate(keys):
+            lines.append(f"{_field(bucket)},{_field(k)}")
+            if fmt == "csv-blank-lines" and i % 3 == 0:
+                lines.append("")
+        body = "".join(line + end for line in lines)
+    return gzip.compress(body.encode()) if fmt.endswith(".gz") else body.encode()
+
+
+def _list_all(s3: Any, uri: str, sizes: list[int], processes: list[ManifestPositions], where: list[int]) -> list[str]:
+    """Every page of the manifest ``uri``: page ``i`` of ``sizes[i % len(sizes)]`` rows, on the worker
+    process ``where[i % len(where)]``."""
+    keys: list[str] = []
+    token: str | None = None
+    for i in range(10_000):
+        req = ListObjectsInput(
+            bucket="", prefix="", manifest=uri, continuation_token=token, page_size=sizes[i % len(sizes)]
+        )
+        page = list_manifest_page(s3, req, processes[where[i % len(where)]])
+        assert len(page.objects) <= req.page_size
+        keys += [o.key for o in page.objects]
+        token = page.next_token
+        if token is None:
+            return keys
+    raise AssertionError("the pages never end")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    keys=KEYS,
+    fmt=FORMATS,
+    sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
+    where=st.lists(st.integers(0, 1), min_size=1, max_size=5),
+)
+def test_any_manifest_in_any_pages_on_any_process_hands_out_each_row_once(
+    s3: Any, buckets: tuple[str, str], keys: list[str], fmt: str, sizes: list[int], where: list[int]
+) -> None:
+    src, out = buckets
+    name = f"lists/{uuid.uuid4().hex}.{fmt.split('-')[0]}"
+    s3.put_object(Bucket=out, Key=name, Body=_manifest(src, keys, fmt))
+    listed = _list_all(s3, f"s3://{out}/{name}", sizes, [ManifestPositions(), ManifestPositions()], where)
+    assert listed == keys
+
+
+def _get_ranges(client: Any) -> list[str]:
+    """The Range of each GetObject the client sends (collected as they are sent)."""
+    ranges: list[str] = []
+    client.meta.events.register(
+        "before-call.s3.GetObject", lambda params, **_: ranges.append(params["headers"].get("Range", ""))
+    )
+    return ranges
+
+
+def test_a_page_of_a_plain_manifest_starts_where_the_page_before_ended(s3: Any, buckets: tuple[str, str]) -> None:
+    """3,000 rows in pages of 500: each page after the first is a ranged GET from the byte where the
+    page before ended, on the same worker process; a gzip manifest is read from its start each page."""
+    src, out = buckets
+    keys = [f"in/{i:05d},x.csv" for i in range(3_000)]  # quoted: the offsets count the quotes
+    body = _manifest(src, keys, "csv")
+    s3.put_object(Bucket=out, Key="plain.csv", Body=body)
+    s3.put_object(Bucket=out, Key="packed.csv.gz", Body=_manifest(src, keys, "csv.gz"))
+    counted = make_client()
+    ranges = _get_ranges(counted)
+    row = len(f'{src},"in/00000,x.csv"\n')
+    assert _list_all(counted, f"s3://{out}/plain.csv", [500], [ManifestPositions()], [0]) == keys
+    assert [int(r.removeprefix("bytes=").split("-")[0]) for r in ranges] == [p * 500 * row for p in range(6)]
+    assert len(body) == 3_000 * row
+
+    ranges.clear()
+    assert _list_all(counted, f"s3://{out}/packed.csv.gz", [500], [ManifestPositions()], [0]) == keys
+    assert {r.split("-")[0] for r in ranges} == {"bytes=0"} and len(ranges) == 6
+
+
+def test_parquet_manifest_pages_skip_the_row_groups_before_them(s3: Any, buckets: tuple[str, str]) -> None:
+    """An inventory in Parquet with row groups of 7 rows, some rows not the latest version: pages of
+    any size hand out the latest rows once, in order."""
+    src, out = buckets
+    keys = [f"k{i:03d}.csv" for i in range(60)]
+    latest = [i % 5 != 0 for i in range(60)]
+    table = pa.table({"bucket": [src] * 60, "key": keys, "is_latest": latest})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=7)
+    s3.put_object(Bucket=out, Key="inv/data/1.parquet", Body=buf.getvalue())
+    doc = {
+        "sourceBucket": src,
+        "destinationBucket": f"arn:aws:s3:::{out}",
+        "fileFormat": "Parquet",
+        "fileSchema": "message s3.inventory { required binary bucket; required binary key; }",
+        "files": [{"key": "inv/data/1.parquet"}],
+    }
+    s3.put_object(Bucket=out, Key="inv/manifest.json", Body=json.dumps(doc).encode())
+    wanted = [k for k, new in zip(keys, latest, strict=True) if new]
+    for size in (1, 6, 7, 8, 48, 100):
+        assert _list_all(s3, f"s3://{out}/inv/manifest.json", [size], [ManifestPositions()], [0]) == wanted, size
