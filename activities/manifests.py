@@ -20,9 +20,9 @@ job goes on. The job's filters apply to the rows (keys, and the modification tim
 
 Continuation token: ``"<data file>:<row>:<bucket>"``, the position after the last row of the page
 (rows of a data file are counted from its start) and the bucket of the manifest's rows (empty until
-the first row). The next page does not read the rows before it again where it can help it: a plain
-data file is entered at the byte offset where the worker process saw the page end
-(:class:`ManifestPositions`), a Parquet one at its row group; a gzip file is read from its start.
+the first row). The next page does not read the rows before it again (:class:`ManifestPositions`): a
+plain data file is entered at the byte where the worker process saw the page end, a gzip one read on
+where the process left it open, a Parquet one entered at its row group.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import gzip
 import json
 import threading
 import urllib.parse
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -57,7 +57,7 @@ _HEADS = 16
 _WINDOW = 1024 * 1024
 """Bytes a ranged GET of a plain data file asks for at a time (a page of 1,000 rows is some 100 KB)."""
 _GZIP_WINDOW = 16 * 1024 * 1024
-"""The same for a gzip data file, read from its start for each page."""
+"""The same for a gzip data file."""
 
 
 class Row(NamedTuple):
@@ -115,31 +115,65 @@ def data_files(s3: S3Client, uri: str) -> list[DataFile]:
     return [DataFile(destination, f, f"inventory-{fmt}", columns) for f in files]
 
 
+Version = tuple[str, str, str]
+"""A data file's bucket, key and ETag."""
+
+
+class _Cursor:
+    """A data file being read: its rows as ``(row number, row)``, the rows looked ahead, the streams."""
+
+    def __init__(self, rows: Iterator[tuple[int, Row | None]], stack: contextlib.ExitStack) -> None:
+        self.rows, self.stack = rows, stack
+        self.ahead: deque[tuple[int, Row | None]] = deque()
+        self.row = 0
+        """The last row handed out."""
+
+    def __iter__(self) -> _Cursor:
+        return self
+
+    def __next__(self) -> tuple[int, Row | None]:
+        item = self.ahead.popleft() if self.ahead else next(self.rows)
+        self.row = item[0]
+        return item
+
+    def more(self) -> bool:
+        """Whether a row that names an object follows (read ahead, still to be handed out)."""
+        if any(row is not None for _, row in self.ahead):
+            return True
+        for item in self.rows:
+            self.ahead.append(item)
+            if item[1] is not None:
+                return True
+        return False
+
+
 class ManifestPositions:
-    """Where rows of plain (uncompressed) manifest data files start, as far as this worker process read them.
+    """Where a worker process's pages of manifest data files ended, so the next page starts there.
 
     A page of a manifest starts after the row the page before ended on (the token counts rows). Read
     from its first byte for every page, a data file made the listing quadratic in its rows (a
-    million-row CSV: about half a second of reading a page, for 2,000 pages of 500). The byte
-    offsets where pages ended are kept by data file version (ETag): the next page is a ranged GET
-    from there, and a page handed to another worker process starts from the furthest offset that
-    process knows. Parquet data files skip whole row groups instead (their metadata counts rows); a
-    gzip file cannot be entered in the middle and is read from its start.
+    million-row CSV: about half a second of reading a page, for 2,000 pages of 500). Kept by data
+    file version (ETag): for a plain data file, the byte offsets where pages ended (the next page is
+    a ranged GET from there); for a gzip one, which cannot be entered in the middle, the file itself,
+    left open where the page ended (a few at most). A page handed to another worker process starts
+    from the furthest position that process has. Parquet data files skip whole row groups instead
+    (their metadata counts rows).
     """
 
-    def __init__(self, files: int = 64, per_file: int = 16) -> None:
-        self._known: OrderedDict[tuple[str, str, str], list[tuple[int, int]]] = OrderedDict()
-        self._files, self._per_file = files, per_file
+    def __init__(self, files: int = 64, per_file: int = 16, open_files: int = 4) -> None:
+        self._known: OrderedDict[Version, list[tuple[int, int]]] = OrderedDict()
+        self._open: OrderedDict[Version, _Cursor] = OrderedDict()
+        self._files, self._per_file, self._open_files = files, per_file, open_files
         self._lock = threading.Lock()  # activities run in a thread pool
 
-    def nearest(self, version: tuple[str, str, str], row: int) -> tuple[int, int]:
+    def nearest(self, version: Version, row: int) -> tuple[int, int]:
         """The furthest known ``(row, offset)`` at or before ``row`` (``(0, 0)``: the file's start):
         rows up to ``row`` end at ``offset``."""
         with self._lock:
             known = self._known.get(version, [])
             return max((p for p in known if p[0] <= row), default=(0, 0))
 
-    def note(self, version: tuple[str, str, str], row: int, offset: int) -> None:
+    def note(self, version: Version, row: int, offset: int) -> None:
         """Rows up to ``row`` of the data file ``version`` end at byte ``offset``."""
         with self._lock:
             known = self._known.setdefault(version, [])
@@ -149,53 +183,90 @@ class ManifestPositions:
             while len(self._known) > self._files:
                 self._known.popitem(last=False)
 
+    def reopen(self, version: Version, row: int) -> _Cursor | None:
+        """The data file ``version`` left open at or before ``row``, taken (one page reads it at a time)."""
+        with self._lock:
+            cursor = self._open.get(version)
+            if cursor is None or cursor.row > row:
+                return None
+            del self._open[version]
+            return cursor
+
+    def leave_open(self, version: Version, cursor: _Cursor) -> None:
+        """Keep ``cursor`` for the next page of ``version`` (closing the oldest beyond ``open_files``)."""
+        with self._lock:
+            closing = [c for c in (self._open.pop(version, None),) if c is not None]
+            self._open[version] = cursor
+            while len(self._open) > self._open_files:
+                closing.append(self._open.popitem(last=False)[1])
+        for old in closing:
+            old.stack.close()
+
 
 class DataFileRows:
     """The rows of one data file after its row ``after``, in order, as ``(row number, row)``; the row
     None where it names no object to process (a header, a delete marker, a version that is not the
-    latest), so row numbers stay the file's."""
+    latest), so row numbers stay the file's. Its streams close with ``stack`` (the page's) unless the
+    file is left open for the next page."""
 
     def __init__(
         self, s3: S3Client, data: DataFile, stack: contextlib.ExitStack, after: int, positions: ManifestPositions
     ) -> None:
         head = _get(s3, data.bucket, data.key, "the manifest data file")
-        self.s3, self.data, self.stack, self.after, self.positions = s3, data, stack, after, positions
+        self.s3, self.data, self.after, self.positions = s3, data, after, positions
         self.etag, self.size = strip_etag(head["ETag"]), head["ContentLength"]
-        self.plain = data.kind in ("csv", "jsonl") and not data.key.lower().endswith(".gz")
+        self.version: Version = (data.bucket, data.key, self.etag)
+        text = data.kind != "inventory-parquet"
+        self.gzip = text and data.key.lower().endswith(".gz")
+        self.plain = text and not self.gzip
         self.end = 0
-        """Where the last row yielded ends in the file (plain data files)."""
-
-    def remember(self, row: int) -> None:
-        """The page ended on ``row``, the last one yielded: the next page may start there."""
-        if self.plain:
-            self.positions.note((self.data.bucket, self.data.key, self.etag), row, self.end)
+        """Where the last row read ends in the file (plain data files)."""
+        cursor = positions.reopen(self.version, after) if self.gzip else None
+        if cursor is None:
+            own = contextlib.ExitStack()
+            cursor = _Cursor(self._read(own), own)
+        self.cursor = cursor
+        self._left_open = False
+        stack.callback(lambda: None if self._left_open else cursor.stack.close())
 
     def __iter__(self) -> Iterator[tuple[int, Row | None]]:
+        for n, row in self.cursor:
+            if n > self.after:
+                yield n, row
+
+    def page_ended(self, row: int) -> bool:
+        """The page ended on ``row``, the last row handed out: keep where the next page starts.
+        Whether a row that names an object follows in this file."""
+        if self.plain:
+            self.positions.note(self.version, row, self.end)
+        more = self.cursor.more()
+        if self.gzip:
+            self.positions.leave_open(self.version, self.cursor)
+            self._left_open = True
+        return more
+
+    def _read(self, stack: contextlib.ExitStack) -> Iterator[tuple[int, Row | None]]:
         data, where = self.data, f"s3://{self.data.bucket}/{self.data.key}"
         if data.kind == "inventory-parquet":
             file = PinnedFile(self.s3, data.bucket, data.key, etag=self.etag, size=self.size, version_id=None)
-            yield from _parquet_rows(self.stack.enter_context(file), where, self.after)
+            yield from _parquet_rows(stack.enter_context(file), where, self.after)
             return
-        first, start = (0, 0)
-        if self.plain:
-            first, start = self.positions.nearest((data.bucket, data.key, self.etag), self.after)
+        first, start = self.positions.nearest(self.version, self.after) if self.plain else (0, 0)
         window = _WINDOW if self.plain else _GZIP_WINDOW
-        stream: Any = self.stack.enter_context(
+        stream: Any = stack.enter_context(
             open_object(self.s3, data.bucket, data.key, etag=self.etag, size=self.size, start=start, window=window)
         )
-        if not self.plain:
-            stream = self.stack.enter_context(gzip.GzipFile(fileobj=stream, mode="rb"))
+        if self.gzip:
+            stream = stack.enter_context(gzip.GzipFile(fileobj=stream, mode="rb"))
         self.end = start
         try:
             lines = self._lines(stream)
             if data.kind == "jsonl":
                 for n, line in enumerate(lines, first + 1):
-                    if n > self.after:
-                        yield n, _json_row(line, where, n) if line.strip() else None
+                    yield n, _json_row(line, where, n) if line.strip() else None
             else:
                 for n, fields in enumerate(csv.reader(lines), first + 1):
-                    if n > self.after:
-                        yield n, _csv_row(fields, data, where, n)
+                    yield n, _csv_row(fields, data, where, n)
         except (UnicodeDecodeError, csv.Error, gzip.BadGzipFile, EOFError, OSError) as err:
             raise _fail(where, f"cannot be read ({type(err).__name__})") from None
 
@@ -312,9 +383,8 @@ def list_manifest_page(s3: S3Client, req: ListObjectsInput, positions: ManifestP
                 file_index, row_index = file_index + 1, 0
                 continue
             row_index = n
-            reader.remember(n)
             # The page is full: the listing goes on unless no row names an object after this one.
-            more = file_index < len(files) - 1 or any(r is not None for _, r in it)
+            more = reader.page_ended(n) or file_index < len(files) - 1
             break
     with ThreadPoolExecutor(_HEADS) as pool:
         found = list(pool.map(lambda r: _look_up(s3, r), taken))
