@@ -12,8 +12,9 @@ A manifest is ``s3://bucket/key`` of:
   ``.ndjson``, optionally ``.gz``) of ``{"bucket": ..., "key": ..., "version_id": ...}`` objects.
 
 One manifest names the objects of one bucket (an inventory always does; output keys are
-``output_prefix + key``, so two buckets' keys could collide): a row naming another bucket fails the
-job (``InvalidInput``). A row with a version pins that version; every object is looked up (one
+``output_prefix + key``, so two buckets' keys could collide), and each key once (a key named twice
+would be processed twice into the same output): the job checks both at its start, reading the whole
+manifest once (``check_manifest``), and fails with ``InvalidInput`` naming the rows. A row with a version pins that version; every object is looked up (one
 HEAD, with its version) for its ETag and size, and one missing in S3 is listed with the ETag
 ``"deleted"``: its file activity fails with ``NotFound``, so it is reported as a failed file, the
 job goes on. The job's filters apply to the rows (keys, and the modification time HEAD gives).
@@ -27,6 +28,7 @@ where the process left it open, a Parquet one entered at its row group.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import csv
 import gzip
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 # pyarrow ships no type hints (no py.typed): its names are Any here.
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -369,11 +372,7 @@ def list_manifest_page(s3: S3Client, req: ListObjectsInput, positions: ManifestP
                     continue
                 bucket = bucket or row.bucket
                 if row.bucket != bucket:
-                    raise _fail(
-                        req.manifest,
-                        f"names objects of two buckets ({bucket!r}, then {row.bucket!r} in {files[file_index].key!r}, "
-                        f"row {n}): one job reads one bucket; split it per bucket",
-                    )
+                    raise _two_buckets(req.manifest, bucket, row, files[file_index], n)
                 if row.key not in seen and selection.takes_key(row.key):
                     seen.add(row.key)
                     taken.append(row)
@@ -399,8 +398,60 @@ def _position(token: str | None) -> tuple[int, int, str]:
     return int(file_index), int(row_index), bucket
 
 
-def check_manifest(s3: S3Client, uri: str) -> None:
-    """At the start of a job: the manifest can be read and its data files exist."""
-    for data in data_files(s3, uri):
-        _get(s3, data.bucket, data.key, "the manifest data file")
+def _two_buckets(uri: str, bucket: str, row: Row, data: DataFile, n: int) -> InvalidInput:
+    return _fail(
+        uri,
+        f"names objects of two buckets ({bucket!r}, then {row.bucket!r} in {data.key!r}, row {n}): one job "
+        "reads one bucket; split it per bucket",
+    )
 
+
+def check_manifest(s3: S3Client, uri: str) -> None:
+    """At the start of a job: the manifest can be read, names objects of one bucket, and each key once.
+
+    A key named twice would be processed twice (into the same output: output keys are
+    ``output_prefix + key``), and counted twice. The whole manifest is read once for it (about 1.5 s
+    a million rows), holding 8 bytes a row (a hash of each key; the rows of a repeated hash are read
+    again to name them).
+
+    Raises:
+        InvalidInput: A data file is not readable, or the rows name two buckets or a key twice.
+    """
+    files = data_files(s3, uri)
+    hashes = array.array("Q")
+    bucket = ""
+    for data in files:
+        with contextlib.ExitStack() as stack:
+            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions()):
+                if row is not None:
+                    bucket = bucket or row.bucket
+                    if row.bucket != bucket:
+                        raise _two_buckets(uri, bucket, row, data, n)
+                    hashes.append(hash(row.key) & _HASH_MASK)
+    column = pa.Array.from_buffers(pa.uint64(), len(hashes), [None, pa.py_buffer(hashes)])
+    if len(pc.unique(column)) < len(hashes):
+        _refuse_repeats(s3, uri, files, column)
+
+
+_HASH_MASK = (1 << 64) - 1
+
+
+def _refuse_repeats(s3: S3Client, uri: str, files: list[DataFile], column: Any) -> None:
+    """Name the keys the manifest repeats (where their hashes repeat: none, when the hashes collided)."""
+    counts = pc.value_counts(column)
+    repeated = set(counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist())
+    rows: dict[str, list[str]] = {}
+    for data in files:
+        with contextlib.ExitStack() as stack:
+            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions()):
+                if row is not None and hash(row.key) & _HASH_MASK in repeated:
+                    rows.setdefault(row.key, []).append(f"row {n} of {data.key}")
+    twice = {key: where for key, where in rows.items() if len(where) > 1}
+    if twice:
+        key, where = next(iter(twice.items()))
+        others = f", and {len(twice) - 1} other key(s) more than once" if len(twice) > 1 else ""
+        raise _fail(
+            uri,
+            f"names {key!r} {len(where)} times ({', '.join(where[:3])}){others}: a job processes each key once "
+            "(its output is output_prefix + key); remove the repeated rows",
+        )

@@ -15,12 +15,21 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from s3batch.activities.manifests import ManifestPositions, list_manifest_page
+from s3batch.activities.manifests import ManifestPositions, check_manifest, list_manifest_page
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.worker import Worker
 
+from s3batch.errors import InvalidInput
 from s3batch.messages import ListObjectsInput
+from s3batch.models import S3BatchInput
 from s3batch.s3io import make_client
+from tests.helpers.data import put_files
+from tests.helpers.jobs import execute
+from tests.helpers.output import list_keys
 
 # Keys with what a CSV must quote (comma, quote, line breaks) and more than ASCII; never a key that
 # is only spaces (a plain CSV row needs a key).
@@ -87,6 +96,7 @@ def _list_all(
     sizes=st.lists(st.integers(1, 12), min_size=1, max_size=4),
     where=st.lists(st.integers(0, 1), min_size=1, max_size=5),
     again=st.lists(st.integers(0, 1), max_size=3).map(tuple),
+    repeat=st.integers(0, 29),
 )
 def test_any_manifest_in_any_pages_on_any_process_hands_out_each_row_once(
     s3: Any,
@@ -96,6 +106,7 @@ def test_any_manifest_in_any_pages_on_any_process_hands_out_each_row_once(
     sizes: list[int],
     where: list[int],
     again: tuple[int, ...],
+    repeat: int,
 ) -> None:
     src, out = buckets
     name = f"lists/{uuid.uuid4().hex}.{fmt.split('-')[0]}"
@@ -103,6 +114,14 @@ def test_any_manifest_in_any_pages_on_any_process_hands_out_each_row_once(
     processes = [ManifestPositions(), ManifestPositions()]
     listed = _list_all(s3, f"s3://{out}/{name}", sizes, processes, where, again)
     assert listed == keys
+    check_manifest(s3, f"s3://{out}/{name}")  # each key once: the job may start
+
+    # The same manifest naming one of its keys again, last: refused at the start, naming the key.
+    again_key = keys[repeat % len(keys)]
+    s3.put_object(Bucket=out, Key=f"twice-{name}", Body=_manifest(src, [*keys, again_key], fmt))
+    with pytest.raises(InvalidInput) as refused:
+        check_manifest(s3, f"s3://{out}/twice-{name}")
+    assert f"names {again_key!r} 2 times" in str(refused.value)
 
 
 def _get_ranges(client: Any) -> list[str]:
@@ -162,3 +181,23 @@ def test_parquet_manifest_pages_skip_the_row_groups_before_them(s3: Any, buckets
     wanted = [k for k, new in zip(keys, latest, strict=True) if new]
     for size in (1, 6, 7, 8, 48, 100):
         assert _list_all(s3, f"s3://{out}/inv/manifest.json", [size], [ManifestPositions()], [0]) == wanted, size
+
+
+async def test_a_job_whose_manifest_names_a_key_twice_fails_at_its_start(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    """A key named on two pages (rows 1 and 506) was processed twice into the same output, and its
+    records counted twice: the job reported 507 records written for 505 in its output. It is refused
+    before any file runs, saying which key and rows."""
+    src, out = buckets
+    keys = [f"d/{i:04d}.jsonl" for i in range(505)]
+    put_files(s3, src, {k: b'{"a": 1}\n' for k in keys})
+    s3.put_object(Bucket=out, Key="l.csv", Body=_manifest(src, [*keys, keys[0]], "csv"))
+    spec = S3BatchInput(manifest=f"s3://{out}/l.csv", output_bucket=out, output_prefix="o/")
+    with pytest.raises(WorkflowFailureError) as failed:
+        await execute(client, task_queue, spec, "manifest-twice")
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError), cause
+    assert cause.cause.type == "InvalidInput"
+    assert "names 'd/0000.jsonl' 2 times (row 1 of l.csv, row 506 of l.csv)" in cause.cause.message
+    assert [k for k in list_keys(s3, out, "o/") if not k.startswith("o/_")] == []  # no file ran
