@@ -20,7 +20,8 @@ from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.incremental import list_incremental_page, write_ledger
 from s3batch.activities.listing import RedrivePlans, list_page, list_redrive_page
-from s3batch.activities.manifests import ManifestPositions, check_manifest, list_manifest_page
+from s3batch.activities.manifest_rows import ManifestPositions
+from s3batch.activities.manifests import check_manifest, list_manifest_page
 from s3batch.activities.ownership import check_output_free, write_check_metadata
 from temporalio import activity
 
@@ -110,9 +111,10 @@ class S3Activities:
             from s3batch.sinks.postgres_pools import check_sink
 
             check_sink(job.sink, self.pools)  # a connection this worker lacks, a missing table: fail at start
+        manifest_version = None
         try:
             if job.manifest:
-                check_manifest(self.s3, job.manifest)
+                manifest_version = check_manifest(self.s3, job.manifest)
             else:
                 self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
@@ -145,6 +147,7 @@ class S3Activities:
         return JobCheck(
             search_attributes=self.search_attributes_registered,
             source=sa.source_value(job.bucket, job.prefix, self.source_keys),
+            manifest_version=manifest_version,
         )
 
     @activity.defn(name="s3batch.list_objects")

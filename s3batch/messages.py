@@ -97,6 +97,9 @@ class JobState(_Model):
     """The same digest over the keys of every file result recorded so far."""
     last_listed_key: str | None = None
     """The last key the listing handed out: a redrive of a cancelled job lists on after it."""
+    manifest_version: str | None = None
+    """The manifest's ETag when the job started (``JobCheck.manifest_version``): the listing reads that
+    version or fails. None: no manifest, or a job started by an earlier release (and left out of the state)."""
     warnings: list[str] | None = None
     """The first warnings of the job's files (a high reject ratio, a CSV delimiter hint), each with
     its key (bounded: see ``s3batch.rejects.MAX_JOB_WARNINGS``); None: none (and left out of the state)."""
@@ -123,7 +126,9 @@ class JobState(_Model):
         return without_nones(handler(self), _OPTIONAL_STATE)
 
 
-_OPTIONAL_STATE = frozenset({"warnings", "handed_over", "hand_over", "kept", "whole", "split_counts"})
+_OPTIONAL_STATE = frozenset(
+    {"warnings", "handed_over", "hand_over", "kept", "whole", "split_counts", "manifest_version"}
+)
 
 
 class JobCheck(_Model):
@@ -134,6 +139,9 @@ class JobCheck(_Model):
     source: str | None = None
     """The job's ``S3BatchSource`` value (an HMAC when the worker has an encryption key), for a job
     started without one; None: leave it out."""
+    manifest_version: str | None = None
+    """The ETag of the job's manifest when it was checked (a job without one: None): every listing page
+    checks the manifest is still that version."""
 
 
 class ListObjectsInput(_Model):
@@ -145,6 +153,9 @@ class ListObjectsInput(_Model):
     page_size: int = Field(500, ge=1, le=1_000)
     manifest: str | None = None
     """List the objects this manifest names (``s3://bucket/key``) instead of the bucket."""
+    manifest_version: str | None = None
+    """The manifest's ETag when the job started (``JobCheck.manifest_version``); None: not checked (a
+    job started by an earlier release)."""
     selection: KeyFilter | None = None
     """The job's filters (None: none)."""
 
@@ -153,7 +164,7 @@ class ListObjectsInput(_Model):
         return without_nones(handler(self), _LISTING_OPTIONS)
 
 
-_LISTING_OPTIONS = frozenset({"manifest", "selection"})
+_LISTING_OPTIONS = frozenset({"manifest", "manifest_version", "selection"})
 
 
 class ListObjectsResult(_Model):

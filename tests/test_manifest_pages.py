@@ -18,7 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from s3batch.activities.manifests import ManifestPositions, check_manifest, list_manifest_page
+from s3batch.activities.manifest_rows import ManifestPositions
+from s3batch.activities.manifests import check_manifest, list_manifest_page
+from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
@@ -28,7 +30,7 @@ from s3batch.messages import ListObjectsInput
 from s3batch.models import S3BatchInput
 from s3batch.s3io import make_client
 from tests.helpers.data import put_files
-from tests.helpers.jobs import execute
+from tests.helpers.jobs import execute, new_id, until
 from tests.helpers.output import list_keys
 
 # Keys with what a CSV must quote (comma, quote, line breaks) and more than ASCII; never a key that
@@ -201,3 +203,30 @@ async def test_a_job_whose_manifest_names_a_key_twice_fails_at_its_start(
     assert cause.cause.type == "InvalidInput"
     assert "names 'd/0000.jsonl' 2 times (row 1 of l.csv, row 506 of l.csv)" in cause.cause.message
     assert [k for k in list_keys(s3, out, "o/") if not k.startswith("o/_")] == []  # no file ran
+
+
+async def test_a_manifest_replaced_while_its_job_runs_fails_the_job_loudly(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    """Pages count rows: a manifest overwritten mid-job (a daily ``today.csv`` regenerated while
+    yesterday's job runs) made the next pages read another version's rows, missing or repeating
+    keys, and the job succeeded. The job keeps the manifest's ETag from its check (across
+    continue-as-new: its first run ends after the 500 files of the first page) and the next page
+    fails the job, saying what changed."""
+    src, out = buckets
+    keys = [f"d/{i:04d}.jsonl" for i in range(600)]
+    put_files(s3, src, {k: b'{"a": 1}\n' for k in keys})
+    s3.put_object(Bucket=out, Key="today.csv", Body=_manifest(src, keys, "csv"))
+    uri = f"s3://{out}/today.csv"
+    spec = S3BatchInput(manifest=uri, output_bucket=out, output_prefix="o/", max_concurrent_files=1, group_max_files=1)
+    wid = new_id("manifest-replaced")
+    handle = await client.start_workflow(S3BatchWorkflow.run, spec, id=wid, task_queue=task_queue)
+    first = await until(lambda p: p.files_listed >= 500, handle)
+    assert first.files_succeeded < 400, "the first page's files ran too fast to replace the manifest meanwhile"
+    s3.put_object(Bucket=out, Key="today.csv", Body=_manifest(src, keys[::-1], "csv"))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    cause = failed.value.cause
+    assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError), cause
+    assert cause.cause.type == "InvalidInput"
+    assert f"the manifest s3://{out}/today.csv changed since the job started" in cause.cause.message

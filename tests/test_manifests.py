@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
-from s3batch.activities.manifests import ManifestPositions, list_manifest_page
+from s3batch.activities.manifest_rows import ManifestPositions
+from s3batch.activities.manifests import list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 

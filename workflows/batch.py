@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         HAND_OVER_GRACE,
         SHORT_RETRY,
         SHORT_TIMEOUT,
+        keep_check,
         largest_first,
         next_group,
         run_is_full,
@@ -58,13 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from s3batch import search_attributes as sa
     from s3batch.errors import TOO_MANY_REJECTS
     from s3batch.incremental import run_output_prefix
-    from s3batch.messages import (
-        FileResult,
-        ObjectRef,
-        Progress,
-        ReportSegmentInput,
-        S3BatchResult,
-    )
+    from s3batch.messages import FileResult, ObjectRef, Progress, ReportSegmentInput, S3BatchResult
     from s3batch.models import JobSpec, JobStatus, S3BatchInput
     from s3batch.rejects import total_crossed
 
@@ -141,7 +136,7 @@ class S3BatchWorkflow:
             check = await workflow.execute_activity_method(
                 S3Activities.check_job, JobSpec.of(spec), start_to_close_timeout=SHORT_TIMEOUT, retry_policy=SHORT_RETRY
             )
-            st.indexed = check.search_attributes or workflow.info().typed_search_attributes.get(sa.SOURCE) is not None
+            keep_check(st, check, workflow.info().typed_search_attributes.get(sa.SOURCE) is not None)
             self._index.checked_source = source_of(check)
             # Jobs started by this release keep key digests; older ones are checked by counts only.
             st.listed_digest = st.done_digest = 0

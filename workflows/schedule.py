@@ -17,7 +17,15 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.workflows.patches import LARGEST_FIRST
 
     from s3batch.errors import NON_RETRYABLE_TYPES
-    from s3batch.messages import JobState, ListObjectsInput, ObjectRef, ProcessFileInput, ProcessGroupInput, SplitRange
+    from s3batch.messages import (
+        JobCheck,
+        JobState,
+        ListObjectsInput,
+        ObjectRef,
+        ProcessFileInput,
+        ProcessGroupInput,
+        SplitRange,
+    )
     from s3batch.models import S3BatchInput
 
 SHORT_TIMEOUT = timedelta(minutes=5)
@@ -99,6 +107,13 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
     )
 
 
+def keep_check(st: JobState, check: JobCheck, source_indexed: bool) -> None:
+    """Keep in the job's state what its check found: whether s3batch's search attributes can be set
+    (``source_indexed``: the job was started with ``S3BatchSource``), and its manifest's version."""
+    st.indexed = check.search_attributes or source_indexed
+    st.manifest_version = check.manifest_version
+
+
 def listing_input(spec: S3BatchInput, st: JobState, page_size: int) -> ListObjectsInput:
     """The input of the next listing page of a job that is not incremental."""
     return ListObjectsInput(
@@ -108,6 +123,7 @@ def listing_input(spec: S3BatchInput, st: JobState, page_size: int) -> ListObjec
         page_size=page_size,
         report=spec.only_failed_of,
         manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
+        manifest_version=st.manifest_version,
         selection=spec.selection() if spec.selection().active else None,
     )
 
