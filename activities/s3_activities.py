@@ -73,7 +73,7 @@ class S3Activities:
         self.redrive_plans = RedrivePlans()
         """What a redrive lists, read once per report (not once per listing page)."""
         self.manifest_positions = ManifestPositions()
-        """Where the pages of manifests' plain data files ended (the next page starts there)."""
+        """Where the pages of manifests' data files ended (the next page starts there, see ManifestPositions)."""
 
     @property
     def pools(self) -> PostgresPools:
