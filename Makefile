@@ -7,10 +7,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: install test lint audit demo stack-up stack-down bench clean chromium
 
-$(STAMP): pyproject.toml
+# Exactly the locked versions (with their hashes), then the project itself: a release of a dependency
+# published since the lock never changes what the tests run on.
+$(STAMP): pyproject.toml requirements-dev.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,7 +1,14 @@
 """Fixtures: one real local stack (Temporal dev server + SeaweedFS) per test session, on free
 loopback ports; a fresh task queue and fresh buckets per test; an in-process worker; worker
 subprocesses (``workers``); the reliability row of a fault test (``reliability``). Helpers that are
-not fixtures are in ``tests/helpers/``."""
+not fixtures are in ``tests/helpers/``.
+
+Under pytest-xdist each worker is a session of its own: its own stack, on ports from a range of its
+own (``S3BATCH_PORT_RANGE``, set below from the worker's number), so no test shares a server with
+another worker's. Tests that need a server (a fixture of the stack or a PostgreSQL, or the
+``servers`` mark) are marked ``servers`` at collection: ``-m "not servers"`` is the quick loop
+(``make test-quick``).
+"""
 
 from __future__ import annotations
 
@@ -17,11 +24,33 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from s3batch.dev.stack import Stack, StackConfig, ensure_buckets, s3_client
+from s3batch.dev.stack import PORT_RANGE_ENV, Stack, StackConfig, ensure_buckets, s3_client
 from s3batch.dev.workers import WorkerProcess
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.helpers.workers import record_reliability, worker_process
+
+SERVER_FIXTURES = frozenset({"stack", "s3", "client", "buckets", "worker", "workers", "pg"})
+"""Fixtures that start or use a real server: a test needing one is marked ``servers``."""
+
+
+def _port_slot() -> None:
+    """Give this xdist worker its own share of the port range (10000-22000, see ``s3batch.dev.stack``)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or PORT_RANGE_ENV in os.environ:
+        return
+    index, total = int(worker.removeprefix("gw")), max(int(count), 1)
+    width = 12000 // total
+    os.environ[PORT_RANGE_ENV] = f"{10000 + index * width}-{10000 + (index + 1) * width - 20}"
+
+
+_port_slot()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _COLUMNS = ["case", "metric", "s3batch", "baseline", "ratio", "target", "verdict"]
 
 
+@pytest.mark.servers  # starts servers or builds of its own
 def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     # Cases 1, 3, 7 and 8 cover the plain baselines, an s3batch job on a worker process, the history

@@ -369,6 +369,7 @@ async def test_the_python_example_runs_as_a_script(s3: Any, buckets: tuple[str, 
     assert report(s3, out, "runs/python/")["totals"]["records_written"] == 25
 
 
+@pytest.mark.servers  # starts servers or builds of its own
 async def test_the_local_stack_gets_workers_in_the_background_and_in_the_foreground(tmp_path: Path):
     """Point 1: ``s3batch-stack up --workers 1`` (ports from flags) starts a worker that ``status`` lists
     and ``down`` stops; ``s3batch-stack worker`` (``make worker``) runs one in the foreground on the

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from s3batch.dev.stack import StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +78,7 @@ def walk(commands: list[str], tmp: Path) -> list[tuple[str, int, str]]:
     return results
 
 
+@pytest.mark.servers  # starts servers or builds of its own
 def test_the_quick_start_runs_as_written(tmp_path: Path):
     commands = quick_start_commands((ROOT / "README.md").read_text())
     assert commands[0] == "make demo" and commands[-1] == "make stack-down", commands

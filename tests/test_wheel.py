@@ -93,6 +93,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.mark.servers  # starts servers or builds of its own
 def test_the_wheel_holds_the_s3batch_namespace_alone(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names} == {"s3batch", f"s3batch-{s3batch.__version__}.dist-info"}

@@ -11,12 +11,13 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import psycopg
+
+from s3batch.dev.stack import free_port_block
 
 
 def server_bindir() -> Path | None:
@@ -34,18 +35,12 @@ def server_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PostgresServer:
     """One PostgreSQL cluster in its own temporary folder (``start``, ``stop``, ``restart``, ``dsn``)."""
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
-        self.port = _free_port()
+        self.port = free_port_block([0])  # in this process's range: parallel test workers never collide
         self.root = Path(tempfile.mkdtemp(prefix="s3batch-pg-"))
         self.data = self.root / "data"
         self._as: list[str] = []

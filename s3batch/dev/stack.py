@@ -57,13 +57,27 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port_block(offsets: list[int], *, start: int = 10000, end: int = 22000) -> int:
+PORT_RANGE_ENV = "S3BATCH_PORT_RANGE"
+"""``LOW-HIGH``: where :func:`free_port_block` picks its base ports (default 10000-22000). Processes that
+start stacks at the same time (the test suite's parallel workers) each get a range of their own, so two
+of them never pick the same ports between the check and the bind."""
+
+
+def port_range() -> tuple[int, int]:
+    """The range :func:`free_port_block` picks from (``S3BATCH_PORT_RANGE``, else 10000-22000)."""
+    low, _, high = os.environ.get(PORT_RANGE_ENV, "10000-22000").partition("-")
+    return int(low), int(high)
+
+
+def free_port_block(offsets: list[int], *, start: int | None = None, end: int | None = None) -> int:
     """A base port such that base + each offset is free on 127.0.0.1.
 
-    The default range keeps base + 10011 (SeaweedFS's admin gRPC port) below 32768, where Linux's
-    ephemeral ports begin: an outgoing connection could otherwise take a port between this check
-    and the server's bind.
+    The default range (:func:`port_range`) keeps base + 10011 (SeaweedFS's admin gRPC port) below
+    32768, where Linux's ephemeral ports begin: an outgoing connection could otherwise take a port
+    between this check and the server's bind.
     """
+    low, high = port_range()
+    start, end = start if start is not None else low, end if end is not None else high
     rng = random.Random(os.getpid() ^ time.time_ns())
     for _ in range(200):
         base = rng.randrange(start, end)
