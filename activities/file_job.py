@@ -197,8 +197,8 @@ class FileJob:
         )
 
     def _check_rejects(self, cp: Checkpoint) -> None:
-        """At a chunk boundary: fail the file (``TooManyRejects``) once its rejects are over a limit."""
-        limit = crossed(self.limits, cp.rejected, cp.next_record, done=cp.done)
+        """At a chunk boundary: fail the file (``TooManyRejects``) once over a limit (a split's: see ``merged``)."""
+        limit = crossed(self.limits, cp.rejected, cp.next_record, done=cp.done, whole_file=self.req.split is None)
         if limit is not None:
             activity.logger.warning("%s: too many rejects (%s)", self.where, limit, extra=self.log_extra)
             output = f"s3://{self.req.output_bucket}/{self.dir}"

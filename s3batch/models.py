@@ -147,10 +147,12 @@ class S3BatchInput(BaseModel):
     """The job fails when more files than this failed (after every other file was processed)."""
     max_rejected_records: int | None = Field(None, ge=0)
     """A file fails (``TooManyRejects``) once more of its records than this were rejected; checked at
-    each chunk boundary, the committed output is kept (None: no limit)."""
+    each chunk boundary, the committed output is kept (None: no limit, but a file whose every record was
+    rejected fails unless this or max_rejected_ratio allows it)."""
     max_rejected_ratio: float | None = Field(None, ge=0.0, le=1.0)
     """A file fails (``TooManyRejects``) once this share of its records (0.0-1.0) was rejected;
-    checked at each chunk boundary from 1,000 records read on, and at the end of the file (None: no limit)."""
+    checked at each chunk boundary from 1,000 records read on, and at the end of the file (None: no limit,
+    but a file whose every record was rejected fails; 1.0 accepts it)."""
     max_rejected_total: int | None = Field(None, ge=0)
     """The job fails (``TooManyRejects``) once more records than this were rejected over all its files;
     files in flight stop at a chunk boundary and the report is written (None: no limit)."""

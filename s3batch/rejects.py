@@ -103,16 +103,42 @@ class FileLimits(BaseModel):
     max_rejected_ratio: float | None = None
 
 
-def crossed(limits: FileLimits, rejected: int, records: int, *, done: bool) -> str | None:
+ALL_REJECTED = "all_rejected"
+"""What :func:`crossed` names for a whole file of records every one of which was rejected, under no limit."""
+
+
+def crossed(limits: FileLimits, rejected: int, records: int, *, done: bool, whole_file: bool = False) -> str | None:
     """Which limit ``rejected`` of ``records`` read is over (``"max_rejected_records=N"`` ...), or
-    None. The ratio counts from :data:`RATIO_MIN_RECORDS` records read on, or at the end of the file."""
+    None. The ratio counts from :data:`RATIO_MIN_RECORDS` records read on, or at the end of the file.
+
+    ``whole_file``: the counts are a whole file's (not one byte-range split's). Such a file of one or more
+    records, done, every one rejected, is over the default limit (:data:`ALL_REJECTED`) when the job set
+    neither ``max_rejected_records`` nor ``max_rejected_ratio``: a job that sets one says how many rejects
+    it accepts (``max_rejected_ratio: 1.0``: all of them)."""
     if limits.max_rejected_records is not None and rejected > limits.max_rejected_records:
         return f"max_rejected_records={limits.max_rejected_records}"
     max_ratio = limits.max_rejected_ratio
     enforced = records and (done or records >= RATIO_MIN_RECORDS)
     if max_ratio is not None and enforced and rejected / records > max_ratio:
         return f"max_rejected_ratio={max_ratio}"
+    if whole_file and done and all_rejected(limits, rejected, records):
+        return ALL_REJECTED
     return None
+
+
+def all_rejected(limits: FileLimits, rejected: int, records: int) -> bool:
+    """Whether ``records`` (one or more) were all rejected and no limit was set (see :func:`crossed`)."""
+    unset = limits.max_rejected_records is None and limits.max_rejected_ratio is None
+    return unset and records > 0 and rejected >= records
+
+
+def all_rejected_advice(output: str) -> str:
+    """What to do about a file whose every record was rejected (its rejects files under ``output``)."""
+    return (
+        f"Fix what rejected them (the rejects files under {output} give each rejected line and its full "
+        "reason) and process the file again; or, to accept such a file, set a reject limit that allows it, "
+        'e.g. "max_rejected_ratio": 1.0 (s3batch start --max-rejected-ratio 1.0).'
+    )
 
 
 class Progress(Protocol):
@@ -147,6 +173,13 @@ def too_many(
 ) -> TooManyRejects:
     """The failure of a file over ``limit`` (``counts``: :func:`file_counts` at its last commit)."""
     records, rejected, chunks = counts["records"], counts["rejected"], counts["chunks"]
+    if limit == ALL_REJECTED:
+        return TooManyRejects(
+            f"{where}: all {records} records read were rejected, and no reject limit allows that (a file whose "
+            f"every record is rejected fails unless the job sets one); most common reasons: "
+            f"{describe_reasons(tally, rejected)}. {all_rejected_advice(output)}",
+            counts,
+        )
     return TooManyRejects(
         f"{where}: {rejected} of the {records} records read were rejected ({ratio(rejected, records):.1%}), "
         f"over {limit}; most common reasons: {describe_reasons(tally, rejected)}. The file stopped after "

@@ -1,8 +1,9 @@
 """Thresholds on rejects (issue 17), against the real SeaweedFS and Temporal dev server.
 
 A file that is mostly rejects fails (``TooManyRejects``) at the chunk boundary where it crossed its
-limit, keeping what it committed; without limits it succeeds with a warning a person sees (the
-report, the CLI); a ``;``-separated file read as ``,`` gets the delimiter hint; the job's own limit
+limit, keeping what it committed; under its limits it succeeds with a warning a person sees (the
+report, the CLI; without limits a file whose every record is rejected fails: tests/test_all_rejected.py); a
+``;``-separated file read as ``,`` gets the delimiter hint; the job's own limit
 fails the job with the counts; and the counts and reasons survive a crash and resume.
 """
 
@@ -251,20 +252,22 @@ async def test_a_job_over_the_ratio_reports_the_file_failed_with_its_counts(
     no_marker(rep)
 
 
-async def test_without_limits_it_succeeds_with_the_warnings_in_the_report_and_the_cli(
+async def test_under_a_limit_that_allows_all_rejects_it_succeeds_with_the_warnings_in_the_report_and_the_cli(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ) -> None:
+    """Every record of both files is rejected: without a limit that allows it, each would fail (see
+    tests/test_all_rejected.py); ``--max-rejected-ratio 1.0`` accepts them, and the warnings still say so."""
     src, out = buckets
     upload(s3, src, "in/customers.csv", customers_csv(300))
     upload(s3, src, "in/semicolons.csv", b"id;name;city\n" + b"".join(b"%d;Ann;Lyon\n" % i for i in range(40)))
     wid = new_id("warn")
     r = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", OUT,
-        "--handler", "customers", "--task-queue", task_queue, "--id", wid, "--wait",
+        "--handler", "customers", "--task-queue", task_queue, "--id", wid, "--wait", "--max-rejected-ratio", "1.0",
     )  # fmt: skip
     assert r.code == 0, r
     rep = report(s3, out)
-    assert rep["status"] == "succeeded" and "max_rejected_ratio" not in rep["input"]
+    assert rep["status"] == "succeeded" and rep["input"]["max_rejected_ratio"] == 1.0
     files = {f["key"]: f for f in rep["files"]}
     customers, semi = files["in/customers.csv"], files["in/semicolons.csv"]
     assert (customers["reject_ratio"], customers["reject_reasons"][0]["reason"]) == (1.0, EMAIL_REASON)
@@ -286,7 +289,8 @@ async def test_the_job_total_fails_the_job_with_the_counts_and_writes_the_report
     src, out = buckets
     for name in ("a", "b", "c"):
         upload(s3, src, f"in/{name}.csv", customers_csv(50))
-    spec = job(src, out, max_rejected_total=60, max_concurrent_files=1, group_max_files=1)
+    # Every record of each file is rejected: max_rejected_ratio 1.0 lets each file succeed, the job's total fails it.
+    spec = job(src, out, max_rejected_total=60, max_rejected_ratio=1.0, max_concurrent_files=1, group_max_files=1)
     with pytest.raises(WorkflowFailureError) as failure:
         await execute(client, task_queue, spec, "total")
     cause = failure.value.cause
@@ -361,7 +365,8 @@ def test_a_handler_reason_that_may_quote_the_record_is_counted_by_its_summary_on
 ) -> None:
     src, out = buckets
     obj = upload(s3, src, "in/customers.csv", customers_csv(30))
-    result, beats = attempt(s3, file_input(buckets, obj, handler=handler, chunk_records=10))
+    # Every record is rejected: a limit that allows it, or the file fails (tests/test_all_rejected.py).
+    result, beats = attempt(s3, file_input(buckets, obj, handler=handler, chunk_records=10, max_rejected_ratio=1.0))
     assert result is not None and result.rejected == 30
     assert [(r.reason, r.count) for r in result.reject_reasons or []] == [(reason, 30)]
     no_marker(result.model_dump(), beats)

@@ -27,3 +27,7 @@ and the next run starts the same splits again, each resuming from its checkpoint
 in splits in flight waited for all of them before it continued as new, leaving the other slots idle)."""
 LARGEST_FIRST = "largest-first"
 """The files of a listing page are started biggest first (v0.2.0 and before: in key order)."""
+FAIL_ALL_REJECTED = "fail-all-rejected"
+"""A file in byte-range splits whose every record was rejected, in a job that set neither
+``max_rejected_records`` nor ``max_rejected_ratio``, is failed (``TooManyRejects``), as a whole file is by its
+activity (before: such a file succeeded with 0 records written)."""

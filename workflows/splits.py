@@ -8,7 +8,8 @@ activity of its own (its own retries, heartbeats and checkpoint), moved to recor
 activity (:mod:`s3batch.activities.splits`). The file takes one slot per split while they run; its report
 entry adds their counts up and says ``splits``.
 
-Pure functions, but for :func:`run_splits` (which starts the splits, waits for them and may cancel them).
+Pure functions, but for :func:`run_splits` (which starts the splits, waits for them and may cancel them) and
+:func:`merged` (which may ask ``workflow.patched``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.workflows.books import Books, cancelled_result, completed_anyway
+    from s3batch.workflows.patches import FAIL_ALL_REJECTED
     from s3batch.workflows.schedule import start_split_activity
 
     from s3batch import layout
@@ -30,7 +32,17 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.formats import resolve_format
     from s3batch.messages import FileResult, JobState, ObjectRef, ReasonCount, SplitRange
     from s3batch.models import S3BatchInput
-    from s3batch.rejects import FileLimits, crossed, describe_reasons, merge, ratio, warnings_of
+    from s3batch.rejects import (
+        ALL_REJECTED,
+        FileLimits,
+        all_rejected,
+        all_rejected_advice,
+        crossed,
+        describe_reasons,
+        merge,
+        ratio,
+        warnings_of,
+    )
 
 _UTF8 = (None, "utf-8", "utf8", "utf_8")
 
@@ -69,7 +81,8 @@ def split_ranges(obj: ObjectRef, count: int) -> list[SplitRange]:
 
 def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> FileResult:
     """One report entry for a file from the results of its splits, one each (all succeeded or cancelled:
-    a failed split fails the file before this). Over a file limit on rejects when added up: ``failed``."""
+    a failed split fails the file before this). Over a file limit on rejects when added up, or every record
+    rejected under no limit (the ``fail-all-rejected`` patch): ``failed``. Run in the workflow."""
     records = sum(r.records for r in results)
     rejected = sum(r.rejected for r in results)
     tally: Counter[str] = Counter()
@@ -100,17 +113,28 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
         splits=len(results),
     )
     limits = FileLimits(max_rejected_records=spec.max_rejected_records, max_rejected_ratio=spec.max_rejected_ratio)
-    over = crossed(limits, rejected, records, done=status == "succeeded")
+    done = status == "succeeded"
+    over = crossed(limits, rejected, records, done=done)
+    # Only where it changes the outcome: the histories of jobs started before it have no marker there.
+    if over is None and done and all_rejected(limits, rejected, records) and workflow.patched(FAIL_ALL_REJECTED):
+        over = ALL_REJECTED
     if over is None:
         return result
     where = f"s3://{spec.bucket if obj.bucket is None else obj.bucket}/{obj.key}"
     output = f"s3://{spec.output_bucket}/{layout.file_dir(spec.output_prefix, obj.key)}"
-    error = (
-        f"TooManyRejects: {where}: {rejected} of the {records} records read by its {len(results)} splits were "
-        f"rejected ({ratio(rejected, records):.1%}), over {over}; most common reasons: "
-        f"{describe_reasons(ranked, rejected)}. Its parts and rejects under {output} are kept. The rejects files "
-        "give each rejected line and its full reason."
-    )
+    reasons = describe_reasons(ranked, rejected)
+    if over == ALL_REJECTED:
+        error = (
+            f"TooManyRejects: {where}: all {records} records read by its {len(results)} splits were rejected, and "
+            "no reject limit allows that (a file whose every record is rejected fails unless the job sets one); "
+            f"most common reasons: {reasons}. {all_rejected_advice(output)}"
+        )
+    else:
+        error = (
+            f"TooManyRejects: {where}: {rejected} of the {records} records read by its {len(results)} splits were "
+            f"rejected ({ratio(rejected, records):.1%}), over {over}; most common reasons: {reasons}. Its parts and "
+            f"rejects under {output} are kept. The rejects files give each rejected line and its full reason."
+        )
     return result.model_copy(update={"status": "failed", "error": error})
 
 
