@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -68,7 +68,7 @@ class PostgresPools:
         self.max_size = max_size
         self._pools: dict[str, ConnectionPool[Any]] = {}
         self._lock = threading.Lock()
-        self._columns: dict[tuple[str, str], tuple[float, list[str]]] = {}
+        self._columns: dict[tuple[str, str], tuple[float, TableColumns]] = {}
 
     def columns(self, spec: PostgresSink, *, fresh: bool = False) -> list[str]:
         """The target table's columns (:func:`table_columns`), looked up at most every
@@ -78,6 +78,19 @@ class PostgresPools:
             SinkInvalid: Unknown connection, missing table or key columns.
             SinkError: The database cannot be reached.
         """
+        return self._table(spec, fresh).names
+
+    def generated(self, spec: PostgresSink) -> dict[str, str]:
+        """The target table's columns it always fills itself (``TableColumns.generated``), from the same lookup
+        as :meth:`columns` (cached alike).
+
+        Raises:
+            SinkInvalid: Unknown connection, missing table or key columns.
+            SinkError: The database cannot be reached.
+        """
+        return self._table(spec, False).generated
+
+    def _table(self, spec: PostgresSink, fresh: bool) -> TableColumns:
         cache_key = (spec.connection, spec.table)
         found = self._columns.get(cache_key)
         if found is not None and not fresh and time.monotonic() - found[0] < COLUMNS_TTL:
@@ -192,14 +205,31 @@ def stored_checkpoints(
     return found
 
 
-def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str]:
-    """The columns of the target table, in order; creates the checkpoint table when missing.
+class TableColumns(NamedTuple):
+    """The target table's columns (:func:`table_columns`)."""
+
+    names: list[str]
+    """Every column, in the table's order."""
+    generated: dict[str, str]
+    """The columns the table always fills itself, and how (``GENERATED ALWAYS AS IDENTITY``, ``GENERATED ALWAYS
+    AS (...) STORED``): an output naming one is refused (``COPY`` took a value for the first, past its sequence,
+    and failed on the second with an error that is no reject; ``INSERT`` fails on both)."""
+
+
+_GENERATED = {"a": "GENERATED ALWAYS AS IDENTITY", "s": "GENERATED ALWAYS AS (...) STORED"}
+"""``pg_attribute``'s ``attidentity`` / ``attgenerated`` codes of the columns a table always fills itself."""
+
+
+def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> TableColumns:
+    """The columns of the target table, in order, and which it always generates; creates the checkpoint table
+    when missing.
 
     Raises:
-        SinkInvalid: The table does not exist, or the upsert key names a column it lacks.
+        SinkInvalid: The table does not exist, or the upsert key names a column it lacks or always generates.
     """
     rows = conn.execute(
-        "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "SELECT a.attname, a.attidentity::text || a.attgenerated::text FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         (spec.schema_name, spec.table_name),
@@ -210,11 +240,21 @@ def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str
             f"{spec.connection!r}: create it first (s3batch writes rows into an existing table)"
         )
     columns = [r[0] for r in rows]
+    generated = {name: _GENERATED[code] for name, code in rows if code in _GENERATED}
     missing = [k for k in spec.key or () if k not in columns]
     if missing:
         raise SinkInvalid(
             f"the sink's upsert key names columns that table {spec.schema_name}.{spec.table_name} lacks: "
             f"{', '.join(missing)} (it has {', '.join(columns)})"
+        )
+    always = [k for k in spec.key or () if k in generated]
+    if always:
+        one = len(always) == 1
+        raise SinkInvalid(
+            f"the sink's upsert key column{'' if one else 's'} {', '.join(map(repr, always))} of table "
+            f"{spec.schema_name}.{spec.table_name} {'is' if one else 'are'} GENERATED ALWAYS (the table fills "
+            f"{'it' if one else 'them'} itself), and the key must be in every row the handler outputs: use a key "
+            "of columns the handler writes (with a unique index on them)"
         )
     if spec.key and not _has_unique_index(conn, spec):
         raise SinkInvalid(
@@ -226,7 +266,7 @@ def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> list[str
             conn.execute(sql.SQL(_CHECKPOINT_DDL).format(table=checkpoint_table(spec)))
     except psycopg.errors.UniqueViolation:
         pass  # created at the same moment by another worker
-    return columns
+    return TableColumns(columns, generated)
 
 
 def _has_unique_index(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool:
