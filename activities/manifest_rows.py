@@ -4,6 +4,7 @@ check at a job's start and the formats are described in ``s3batch.activities.man
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import gzip
@@ -243,7 +244,7 @@ class DataFileRows:
             stream = stack.enter_context(gzip.GzipFile(fileobj=stream, mode="rb"))
         self.end = start
         try:
-            lines = self._lines(stream)
+            lines = self._lines(stream, at_start=start == 0)
             if data.kind == "jsonl":
                 for n, line in enumerate(lines, first + 1):
                     yield n, _json_row(line, where, n) if line.strip() else None
@@ -253,11 +254,16 @@ class DataFileRows:
         except (UnicodeDecodeError, csv.Error, gzip.BadGzipFile, EOFError, OSError) as err:
             raise manifest_error(where, f"cannot be read ({type(err).__name__})") from None
 
-    def _lines(self, stream: Any) -> Iterator[str]:
+    def _lines(self, stream: Any, *, at_start: bool) -> Iterator[str]:
         """The file's lines, counting their bytes (the CSV reader takes a row's lines, no more, before
-        it yields the row: ``self.end`` is then where the row ends)."""
+        it yields the row: ``self.end`` is then where the row ends). ``at_start``: the stream starts at
+        the file's first byte, where a UTF-8 byte order mark is dropped (spreadsheet tools write one
+        before a CSV; it is no part of the first row's bucket or of a header)."""
         for line in stream:
             self.end += len(line)
+            if at_start:
+                at_start = False
+                line = line.removeprefix(codecs.BOM_UTF8)
             yield line.decode("utf-8")
 
 

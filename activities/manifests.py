@@ -10,6 +10,7 @@ A manifest is ``s3://bucket/key`` of:
 - a **plain CSV** (``.csv``, ``.csv.gz``) of ``bucket,key[,version_id]`` rows (keys as they are, not
   URL-encoded; an optional header row ``bucket,key[,version_id]``), or a **JSONL** (``.jsonl``,
   ``.ndjson``, optionally ``.gz``) of ``{"bucket": ..., "key": ..., "version_id": ...}`` objects.
+  A UTF-8 byte order mark at the start of either (spreadsheet tools write one) is dropped.
 
 One manifest names the objects of one bucket (an inventory always does; output keys are
 ``output_prefix + key``, so two buckets' keys could collide), and each key once (a key named twice
