@@ -37,10 +37,9 @@ and never enters the job's history or heartbeats. One pool per connection name p
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -64,6 +63,7 @@ from s3batch.sinks.postgres_pools import (
     stored_checkpoints,
     target_of,
 )
+from s3batch.sinks.postgres_upsert import upsert
 from s3batch.sinks.rows import CsvRows, csv_head, decoded, field_names, tuples
 from s3batch.sinks.spec import PostgresSink
 
@@ -359,50 +359,9 @@ class PostgresOutput:
     def _upsert(
         self, conn: psycopg.Connection[Any], columns: list[str], names: sql.Composable, rows: list[tuple[Any, ...]]
     ) -> list[tuple[int, Exception]]:
-        """``COPY`` into a temporary stage table, then ``INSERT ... ON CONFLICT (key) DO UPDATE`` from it; the last
-        row of a key wins.
-
-        The stage holds only the written columns, with the table's types (type errors are found at its ``COPY``)
-        and none of its constraints, defaults or identity (the table's NOT NULL without its defaults refused every
-        row of a table with an identity, ``serial`` or ``DEFAULT now()`` column): the ``INSERT`` finds the
-        constraint errors, and the table fills the columns the chunk does not write. Its ordinal column is named
-        unlike any written column (:func:`_ordinal_name`). A row whose key is NULL is never staged but refused
-        (:class:`NullKey`): a NULL never conflicts, so each re-run would insert it again."""
-        key = self.spec.key or []
-        stage = sql.Identifier("s3batch_stage_" + hashlib.sha256(self.target.encode()).hexdigest()[:12])
-        ordinal = sql.Identifier(_ordinal_name(columns))
-        conn.execute(
-            sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {}, NULL::bigint AS {} FROM {} WITH NO DATA").format(
-                stage, names, ordinal, self._table
-            )
-        )
-        copy = sql.SQL("COPY {} ({}, {}) FROM STDIN").format(stage, names, ordinal)
-        refused = _null_keys(rows, columns, key)
-        nulls = {i for i, _ in refused}
-        numbered = [(*row, i) for i, row in enumerate(rows)]
-
-        def stage_rows(lo: int, hi: int) -> None:
-            some = numbered[lo:hi]
-            copy_rows(conn, copy, [r for r in some if r[-1] not in nulls] if nulls else some)
-
-        refused += bisect_refused(conn, len(rows), stage_rows, skip=nulls)
-        keys = sql.SQL(", ").join(map(sql.Identifier, key))
-        updates = [c for c in columns if c not in key]
-        action = (
-            sql.SQL("DO UPDATE SET {}").format(
-                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates)
-            )
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
-        insert = sql.SQL(
-            "INSERT INTO {table} ({names}) SELECT DISTINCT ON ({keys}) {names} FROM {stage} "
-            "WHERE {ord} >= %s AND {ord} < %s ORDER BY {keys}, {ord} DESC "
-            "ON CONFLICT ({keys}) {action}"
-        ).format(table=self._table, names=names, keys=keys, stage=stage, ord=ordinal, action=action)
-        before = {i for i, _ in refused}
-        refused += bisect_refused(conn, len(rows), lambda lo, hi: conn.execute(insert, (lo, hi)), skip=before)
-        return sorted(refused, key=lambda r: r[0])
+        """Through a stage table of the written columns (:func:`~s3batch.sinks.postgres_upsert.upsert`): type
+        errors found at its ``COPY``, constraint errors at the ``INSERT``; rows with a NULL key refused."""
+        return upsert(conn, self._table, self.target, self.spec.key or [], columns, names, rows)
 
     def _with_refused(
         self,
@@ -449,45 +408,3 @@ class PostgresOutput:
                 continue
             found.append(name)
         return sorted(found)
-
-
-class _Diag(NamedTuple):
-    """The parts of a database error's ``diag`` a reject's reason is made of (:meth:`PostgresOutput._with_refused`)."""
-
-    sqlstate: str
-    message_primary: str
-    message_detail: str | None = None
-
-
-class NullKey(Exception):
-    """A row of an upsert whose key is NULL in ``columns``: a reject, never written. A NULL never conflicts (a
-    unique index takes any number of them), so the row would be inserted again by every re-run of its file.
-    Its ``diag`` is a database error's (SQLSTATE 23502, not-null violation, as a primary key's NULL), so the
-    reject's reason is made as for the rows the database refuses."""
-
-    def __init__(self, columns: list[str]) -> None:
-        one = len(columns) == 1
-        message = (
-            f"the upsert key column{'' if one else 's'} {', '.join(columns)} {'is' if one else 'are'} NULL: NULL "
-            "keys cannot be upserted (a NULL never conflicts, so each run would insert the row again); give every "
-            "row its key"
-        )
-        super().__init__(message)
-        self.diag = _Diag("23502", message)
-
-
-def _null_keys(rows: list[tuple[Any, ...]], columns: list[str], key: list[str]) -> list[tuple[int, Exception]]:
-    """The rows whose upsert key is NULL in a column or more, as ``(index, NullKey)``."""
-    where = [(name, columns.index(name)) for name in key]
-    found: list[tuple[int, Exception]] = []
-    for i, row in enumerate(rows):
-        if any(row[at] is None for _, at in where):
-            found.append((i, NullKey([name for name, at in where if row[at] is None])))
-    return found
-
-
-def _ordinal_name(columns: list[str]) -> str:
-    """A name for the upsert stage's ordinal column that none of the written ``columns`` has (the stage holds
-    them under their own names): ``s3batch_ord``, else ``s3batch_ord1``, ``s3batch_ord2``, ..."""
-    taken = set(columns)
-    return next(name for name in (f"s3batch_ord{i or ''}" for i in range(len(columns) + 1)) if name not in taken)
