@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -24,6 +24,7 @@ from temporalio import activity
 
 from s3batch import layout
 from s3batch.errors import AccountingError
+from s3batch.fingerprints import fingerprint as fingerprint  # re-exported: where it was before
 from s3batch.s3io import any_object, is_missing_object, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:
@@ -117,38 +118,6 @@ class HeartbeatDetails(NamedTuple):
             return Checkpoint.model_validate(self.checkpoint)
         except ValidationError:
             return None
-
-
-def fingerprint(
-    *,
-    fmt: str,
-    compression: str | None,
-    handler: str,
-    chunk_records: int,
-    max_record_bytes: int,
-    reading: Mapping[str, Any] | None = None,
-    sink: Mapping[str, Any] | None = None,
-) -> str:
-    """Hash of the options that shape a file's output; parts from other options are not reused.
-
-    Args:
-        compression: gzip is hashed as ``"gzip": true``, as before zstd and bzip2 were read, so the
-            parts of running jobs keep their fingerprint.
-        reading: The reading options that differ from their defaults (CSV dialect, header, encoding:
-            ``s3batch.formats.dialect``); empty for a job with the defaults, whose fingerprint is then
-            the one earlier releases computed.
-        sink: The sink's shape (``S3Sink.shape()``, ``PostgresSink.shape()``); None for the default
-            JSONL parts, whose fingerprint is then the one earlier releases computed.
-    """
-    shape: dict[str, Any] = {"v": 1, "format": fmt, "gzip": compression == "gzip", "handler": handler}
-    shape.update(chunk_records=chunk_records, max_record_bytes=max_record_bytes)
-    if compression not in (None, "gzip"):
-        shape["compression"] = compression
-    if reading:
-        shape["reading"] = dict(reading)
-    if sink is not None:
-        shape["sink"] = dict(sink)
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def checkpoint_mac(secret: bytes, bucket: str, key: str, checkpoint: str) -> str:
