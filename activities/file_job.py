@@ -32,6 +32,7 @@ from s3batch.handlers import ChunkContext, get_handler
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
 from s3batch.s3io import check_allowed, check_ceilings, head_pinned
+from s3batch.sinks.earlier import written_before
 from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:
@@ -171,29 +172,23 @@ class FileJob:
         self.books.check_records(cp)
         activity.logger.info(
             "finished %s: %d records written, %d rejected, %d dropped, %d chunks (%d records read by the fast path)",
-            self.where,
-            cp.records_written,
-            cp.rejected,
-            cp.dropped,
-            cp.chunk,
-            self.fast_records,
-            extra=self.log_extra,
-        )
+            self.where, cp.records_written, cp.rejected, cp.dropped, cp.chunk, self.fast_records, extra=self.log_extra,
+        )  # fmt: skip
         return self.result(cp)
 
     def result(self, cp: Checkpoint) -> FileResult:
-        """The result of the file, complete at ``cp``."""
+        """The result of the file, complete at ``cp`` (found so at the start: maybe written by an earlier job)."""
         warnings = warnings_of(cp.rejected, cp.next_record, cp.reject_reasons, cp.delimiter_hint)
-        split = self.req.split
+        earlier = self.resumed_from == cp.next_record and written_before(self.output, cp, self.req.job_id)
         return FileResult(
             key=self.obj.key,
             etag=self.obj.etag,
             status="succeeded",
-            bytes_read=self.obj.size if split is None else split.end - split.start,
+            bytes_read=self.obj.size if self.req.split is None else self.req.split.end - self.req.split.start,
             attempts=self.info.attempt,
             resumed_from_record=self.resumed_from,
             warnings=warnings or None,
-            **file_counts(cp),
+            **file_counts(cp, earlier=earlier),
         )
 
     def _check_rejects(self, cp: Checkpoint) -> None:

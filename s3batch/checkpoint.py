@@ -176,6 +176,7 @@ class FileOutput:
         """The folder (ends with ``/``)."""
         self.known: dict[str, tuple[str, Checkpoint]] = {}
         """Output objects known to be ours: name -> (ETag, the checkpoint stored on it)."""
+        self.marks: dict[str, str] = {}  # more user metadata of the objects it writes (``s3batch.sinks.earlier``)
         self.split: int | None = None  # the byte-range split of the file this output is for (None: all of it)
         self.splits = 1
 
@@ -319,7 +320,7 @@ class FileOutput:
 
     def _put(self, key: str, body: bytes, cp: Checkpoint, content_type: str = "application/x-ndjson") -> None:
         raw = cp.model_dump_json()
-        metadata = {CHECKPOINT_METADATA: raw}
+        metadata = {CHECKPOINT_METADATA: raw, **self.marks}
         if self._secret is not None:
             metadata[CHECKPOINT_MAC_METADATA] = checkpoint_mac(self._secret, self.bucket, key, raw)
         try:

@@ -67,6 +67,16 @@ class Totals(_Model):
     dropped: int = 0
     """Records the handlers dropped (neither written nor rejected)."""
     bytes_read: int = 0
+    already_written: int | None = None
+    """Records of files an earlier job had written whole with the same options (found done: this job wrote
+    none of them, and ``records_written`` does not count them); None: none (and left out)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_none_already(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return without_nones(handler(self), _ALREADY)
+
+
+_ALREADY = frozenset({"already_written"})
 
 
 class JobState(_Model):
@@ -238,7 +248,7 @@ class ReasonCount(_Model):
     count: int
 
 
-_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings", "splits"})
+_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings", "splits", "already_written"})
 
 
 class FileResult(_Model):
@@ -267,6 +277,11 @@ class FileResult(_Model):
     """What a person should look at (a high reject ratio, a CSV that looks like another delimiter)."""
     splits: int | None = None
     """How many byte-range splits the file was processed in (None: one, the whole file)."""
+    already_written: int | None = None
+    """The file was found done, written whole by an earlier job with the same options (its table or output
+    folder held it): the records that job wrote, of which this job wrote none (``records_written`` is 0;
+    ``records``, ``rejected`` and ``dropped`` are the file's, as that job counted them). None: this job (its
+    earlier attempts included) wrote what ``records_written`` says; a worker older than the field says so too."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -317,6 +332,8 @@ class Progress(_Model):
     bytes_read: int
     listing_done: bool
     run: int
+    already_written: int = 0
+    """Records of files found already written by an earlier job (``Totals.already_written``)."""
     in_flight: list[str] = Field(default_factory=list)
     """Keys of the files being processed now."""
     paused: bool = False

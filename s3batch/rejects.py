@@ -152,16 +152,19 @@ class Progress(Protocol):
     reject_reasons: list[tuple[str, int]]
 
 
-def file_counts(cp: Progress) -> dict[str, Any]:
+def file_counts(cp: Progress, *, earlier: bool = False) -> dict[str, Any]:
     """The ``FileResult`` fields of a file's counts at checkpoint ``cp`` (the reject fields only when
-    it has rejects)."""
+    it has rejects). ``earlier``: ``cp`` is the final checkpoint of an earlier job, found done: its records
+    written are ``already_written``, none by this job."""
     counts: dict[str, Any] = {
         "records": cp.next_record,
-        "records_written": cp.records_written,
+        "records_written": 0 if earlier else cp.records_written,
         "rejected": cp.rejected,
         "dropped": cp.dropped,
         "chunks": cp.chunk,
     }
+    if earlier:
+        counts["already_written"] = cp.records_written
     if cp.rejected:
         counts["reject_ratio"] = ratio(cp.rejected, cp.next_record)
         counts["reject_reasons"] = [{"reason": str(r), "count": int(c)} for r, c in cp.reject_reasons]

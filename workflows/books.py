@@ -91,6 +91,8 @@ class Books:
         totals.rejected += result.rejected
         totals.bytes_read += result.bytes_read
         totals.dropped += result.dropped
+        if result.already_written:  # found done, written by an earlier job (None before the field: left out)
+            totals.already_written = (totals.already_written or 0) + result.already_written
         self.state.warnings = with_job_warnings(self.state.warnings, result)
         if self.state.done_digest is not None:
             self.state.done_digest = combine(self.state.done_digest, key_digest([result.key]))

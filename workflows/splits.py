@@ -111,6 +111,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
         reject_reasons=[ReasonCount(reason=k, count=v) for k, v in ranked] if rejected else None,
         warnings=warnings or None,
         splits=len(results),
+        already_written=sum(r.already_written or 0 for r in results) or None,  # splits found done, an earlier job's
     )
     limits = FileLimits(max_rejected_records=spec.max_rejected_records, max_rejected_ratio=spec.max_rejected_ratio)
     done = status == "succeeded"

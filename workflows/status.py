@@ -52,7 +52,9 @@ def details(
         f"{'' if state.listing_done else '+'}, {t.files_failed:,} failed, "
         f"{in_flight} in flight (max {limit})"
         f"{f', {t.files_cancelled:,} cancelled' if t.files_cancelled else ''}\n\n"
-        f"records: {t.records_written:,} written, {t.rejected:,} rejected; {filesize.decimal(t.bytes_read)} read"
+        f"records: {t.records_written:,} written, {t.rejected:,} rejected"
+        f"{f', {t.already_written:,} already written by an earlier job' if t.already_written else ''}; "
+        f"{filesize.decimal(t.bytes_read)} read"
         + "".join(f"\n\nwarning: {w}" for w in [*(state.warnings or ()), *empty_warning(state, spec, final)])
         + (f"\n\nreport: s3://{spec.output_bucket}/{layout.report_key(spec.output_prefix)}" if final and spec else "")
     )
@@ -83,6 +85,7 @@ def job_progress(
         bytes_read=t.bytes_read,
         listing_done=state.listing_done,
         run=state.run,
+        already_written=t.already_written or 0,
         in_flight=sorted(in_flight),
         paused=state.paused,
         max_concurrent_files=limit,

@@ -28,12 +28,14 @@ POLL_SECONDS = 0.5
 
 
 def totals_lines(t: Totals | Progress, *, listing_done: bool = True) -> list[str]:
-    """Two human lines of job counters (``Totals`` and ``Progress`` share these fields)."""
+    """Two human lines of job counters (``Totals`` and ``Progress`` share these fields): records written and
+    rejected side by side, and those of files an earlier job had written (found done: none written again)."""
     done = t.files_succeeded + t.files_failed
     listed = f"{t.files_listed}{'' if listing_done else '+'}"
+    already = f", {t.already_written:,} already written by an earlier job" if t.already_written else ""
     return [
         f"files    {done} done of {listed} listed ({t.files_succeeded} succeeded, {t.files_failed} failed)",
-        f"records  {t.records:,} read: {t.records_written:,} written, {t.rejected:,} rejected; "
+        f"records  {t.records:,} read: {t.records_written:,} written, {t.rejected:,} rejected{already}; "
         f"{filesize.decimal(t.bytes_read)} read",
     ]
 
@@ -277,7 +279,18 @@ def print_report(stored: api.StoredReport) -> None:
     empty = empty_warning(report.totals, report.source or "the prefix") if report.listing.done else []
     for text in warning_lines([*empty, *(f"{f.key}: {w}" for f in report.files for w in f.warnings or ())]):
         out.print(text)
+    into_table = (report.input.get("sink") or {}).get("type") == "postgres"
+    for f in report.files:
+        if f.already_written:
+            out.print(safe_line(("  note     ", "bold"), f"{f.key}: {already_note(f.already_written, into_table)}"))
     out.print(safe_line(f"  report   {stored.uri}"))
+
+
+def already_note(records: int, into_table: bool) -> str:
+    """What a report says of a file found done, written by an earlier job (``FileResult.already_written``)."""
+    if into_table:
+        return f"already imported: an earlier job with the same options wrote its {records:,} rows; this job wrote none"
+    return f"already written: an earlier job with the same options wrote its {records:,} records; this job wrote none"
 
 
 def _source_cell(source: str | None) -> Text:

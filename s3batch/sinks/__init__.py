@@ -76,13 +76,16 @@ def open_sink(
         spec: The job's ``sink`` (None: JSONL parts).
         output: The file's S3 output folder (parts and rejects), its fingerprint computed with ``spec``.
         pools: The worker's PostgreSQL pools (needed by a ``postgres`` sink).
-        job_id: The job's workflow ID (stored with a database checkpoint, for people).
+        job_id: The job's workflow ID (stored with a database checkpoint; its mark on the S3 objects written).
         bucket: The source bucket.
         where: ``s3://bucket/key`` of the source (error messages).
 
     Raises:
         SinkInvalid: A ``postgres`` sink names a connection this worker lacks, or its table does not exist.
     """
+    from s3batch.sinks.earlier import mark_output
+
+    mark_output(output, job_id)  # its parts and rejects say which job wrote them
     if spec is None or isinstance(spec, S3Sink):
         if spec is not None and spec.format == "parquet":
             from s3batch.sinks.parquet import ParquetOutput
