@@ -27,6 +27,7 @@ from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.rejects import FileLimits, crossed, too_many
 from s3batch.s3io import make_client
+from tests.helpers import run
 from tests.helpers.data import make_csv
 from tests.helpers.jobs import SLOW_HEARTBEAT_TIMEOUT, execute
 from tests.helpers.output import list_keys, report
@@ -291,3 +292,34 @@ async def test_a_file_whose_every_row_the_database_refuses_fails(
     result = await execute(client, task_queue, spec, "pg-all-refused-ok")
     assert result.status == "succeeded" and result.totals.files_succeeded == 3
     assert pg.execute(f"SELECT count(*) FROM public.{table}") == [(5,)]
+
+
+async def test_the_cli_shows_a_sink_jobs_rows_written_and_rejected_side_by_side(
+    s3: Any, buckets: tuple[str, str], task_queue: str, pg: PostgresServer, pg_worker: Worker
+) -> None:
+    """``s3batch start --wait``, ``status`` and ``report`` of a job into a table that failed (one file's rows all
+    refused): each says where the rows went and how many were written and rejected, side by side (a failed
+    job's result has no counts: they are its report's)."""
+    src, out = buckets
+    table = f"items_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{table} (id integer PRIMARY KEY, name text NOT NULL, note text)")
+    s3.put_object(Bucket=src, Key="in/no_name.csv", Body=b"id,note\n" + b"".join(b"%d,x\n" % i for i in range(40)))
+    s3.put_object(Bucket=src, Key="in/good.csv", Body=b"id,name\n" + b"".join(b"%d,a\n" % (100 + i) for i in range(5)))
+    sink = f'{{"type": "postgres", "connection": "test", "table": "public.{table}"}}'
+    wid = f"cli-sink-{uuid.uuid4().hex[:8]}"
+    started = await run(
+        "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", OUT,
+        "--sink", sink, "--group-max-files", "1", "--task-queue", task_queue, "--id", wid, "--wait",
+    )  # fmt: skip
+    assert started.code == 1, started
+    into = f"into PostgreSQL table public.{table} (connection 'test', insert)"
+    counts = "records 45 read: 5 written, 40 rejected"
+    status = await run("s3batch", "status", wid)
+    shown = await run("s3batch", "report", wid)
+    for output in (started.stdout, status.stdout):
+        flat = " ".join(output.split())
+        assert into in flat and counts in flat, output
+        assert "files 2 done of 2 listed (1 succeeded, 1 failed)" in flat, output
+    assert "2/2 files 5 written, 40 rejected" in " ".join(started.stdout.split()), started.stdout  # the bar
+    flat = " ".join(shown.stdout.split())
+    assert f"PostgreSQL table public.{table}" in flat and counts in flat, shown.stdout

@@ -167,8 +167,10 @@ async def start_and_follow(
         result_json = result.model_dump(mode="json") if result else None
         print_json({**info, "status": status, "result": result_json, "error": error})
     else:
-        result, error = await follow(client, workflow_id)
-        print_outcome(result, error)
+        (result, error), stored = await follow(client, workflow_id)
+        if stored is None and job.sink is not None:  # where the records went
+            stored = await api.ended_report(client, workflow_id)
+        print_outcome(result, error, stored)
         out.print(safe_line(f"  Web UI   {started.ui_url}"))
     return EXIT_OK if result is not None else EXIT_FAILED
 
@@ -213,8 +215,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
     view = await api.describe(client, args.workflow_id)
     if args.json:
         print_json(view.to_json())
-    else:
-        print_view(view)
+    else:  # an ended job's report: a failed job's counts, where a sink job's records went
+        print_view(view, await api.ended_report(client, args.workflow_id) if view.status != "running" else None)
     return EXIT_OK
 
 

@@ -53,9 +53,14 @@ def empty_warning(t: Totals, source: str = "the job's prefix") -> list[str]:
             "makes this an error)"]  # fmt: skip
 
 
-def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
+def print_outcome(result: S3BatchResult | None, error: str | None, stored: api.StoredReport | None = None) -> None:
+    """How a job ended, with its counts: from its result, or for a job that failed from its report (``stored``,
+    when it has one); a job with a sink says where its records went (``stored``)."""
+    into = sink_destination(stored.report) if stored is not None else None
     if result is not None:
         out.print(safe_line((f"Job {result.status}", "bold green")))
+        if into:
+            out.print(safe_line(f"  into     {into}"))
         for line in totals_lines(result.totals):
             out.print(f"  {line}")
         for text in warning_lines([*result.warnings, *empty_warning(result.totals)]):
@@ -63,6 +68,11 @@ def print_outcome(result: S3BatchResult | None, error: str | None) -> None:
         out.print(safe_line(f"  report   s3://{result.report_bucket}/{result.report_key}"))
     else:
         err_out.print(safe_line(("Job failed:", "bold red"), f" {error}"))
+        if stored is not None:  # what it wrote and rejected before it failed
+            if into:
+                out.print(safe_line(f"  into     {into}"))
+            for line in totals_lines(stored.report.totals, listing_done=stored.report.listing.done):
+                out.print(f"  {line}")
 
 
 def state_line(p: Progress) -> str:
@@ -160,14 +170,14 @@ def _print_checkpoints_narrow(files: Sequence[api.InFlightFile]) -> None:
         )
 
 
-def print_view(view: api.JobView) -> None:
-    """The ``status`` view of a job."""
+def print_view(view: api.JobView, stored: api.StoredReport | None = None) -> None:
+    """The ``status`` view of a job (``stored``: its report, once it ended)."""
     out.print(safe_line((view.workflow_id, "bold"), ": ", (view.status, f"bold {status_colour(view.status)}")))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
     if view.progress is not None and view.progress.destination:
         out.print(safe_line(f"  into     {view.progress.destination}"))
     if view.status != "running":
-        print_outcome(view.result, view.error)
+        print_outcome(view.result, view.error, stored)
         return
     if view.waits_for_worker and view.task_queue:
         err_out.print(no_worker_line(view.task_queue))
@@ -202,15 +212,16 @@ def _bar_fields(t: Totals | Progress, listing_done: bool = True) -> dict[str, An
     }
 
 
-async def follow(client: Client, workflow_id: str) -> api.Outcome:
-    """Show a live progress bar from the ``progress`` query until the job ends."""
+async def follow(client: Client, workflow_id: str) -> tuple[api.Outcome, api.StoredReport | None]:
+    """Show a live progress bar from the ``progress`` query until the job ends; its outcome, and for a job that
+    failed its report (the bar's last counts are then the report's)."""
     done_task = asyncio.ensure_future(api.outcome(client, workflow_id))
     columns = (
         SpinnerColumn(),
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:.0f}/{task.fields[listed]} files"),
-        TextColumn("{task.fields[records]} records, {task.fields[rejected]} rejected"),
+        TextColumn("{task.fields[records]} written, {task.fields[rejected]} rejected"),
         TextColumn("{task.fields[bytes]}"),
         TimeElapsedColumn(),
     )
@@ -231,11 +242,19 @@ async def follow(client: Client, workflow_id: str) -> api.Outcome:
                     bar.console.print(no_worker_line(queue))  # above the live bar
             await asyncio.wait([done_task], timeout=POLL_SECONDS)
         result, error = done_task.result()
+        stored = None if result is not None else await api.ended_report(client, workflow_id)
         if result is not None:
             bar.update(task, description="done", **_bar_fields(result.totals))
+        elif stored is not None:  # the last poll may be older than the end: the report's counts
+            bar.update(task, description="failed", **_bar_fields(stored.report.totals, stored.report.listing.done))
         else:
             bar.update(task, description="failed")
-    return api.Outcome(result, error)
+    return api.Outcome(result, error), stored
+
+
+def sink_destination(report: JobReport) -> str | None:
+    """Where a reported job with a ``sink`` sent its records (None: the default JSONL parts, or no sink)."""
+    return report_destination(report) if report.input.get("sink") else None
 
 
 def report_destination(report: JobReport) -> str | None:

@@ -250,7 +250,7 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     if view.status == "running":
         view = await _live(client, view, args.interval, cache)
     out.print(safe_line((view.workflow_id, "bold"), f": {view.status}"))
-    print_outcome(view.result, view.error)
+    print_outcome(view.result, view.error, await api.ended_report(client, view.workflow_id))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
     return EXIT_OK if view.result is not None else EXIT_FAILED
 

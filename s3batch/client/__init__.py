@@ -47,7 +47,7 @@ from s3batch.client.jobs import (
     workers_polling,
 )
 from s3batch.client.redrive import prepare_redrive
-from s3batch.client.reports import find_report, job_input, report
+from s3batch.client.reports import ended_report, find_report, job_input, report
 from s3batch.client.views import (
     InFlightFile,
     JobSummary,
@@ -84,6 +84,7 @@ __all__ = [
     "default_workflow_id",
     "describe",
     "describe_run",
+    "ended_report",
     "environment_keys",
     "find_report",
     "in_flight_files",

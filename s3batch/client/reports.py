@@ -11,6 +11,7 @@ from s3batch import report as stored_report
 from s3batch.client.errors import ClientError, ReportNotFound
 from s3batch.client.jobs import describe_run
 from s3batch.client.views import StoredReport
+from s3batch.errors import S3BatchError
 from s3batch.models import S3BatchInput
 from s3batch.s3io import make_client
 
@@ -72,3 +73,12 @@ async def report(client: Client, workflow_id: str) -> StoredReport:
             f"written when the job ends (see `s3batch status {workflow_id}`)"
         )
     return found
+
+
+async def ended_report(client: Client, workflow_id: str) -> StoredReport | None:
+    """The report of a job that ended, for its counts in a summary (a failed job's result has none); None when
+    there is none (a job refused at its start writes none) or it cannot be read now: never an error of its own."""
+    try:
+        return await report(client, workflow_id)
+    except S3BatchError:  # ClientError included: no such job, no report, Temporal or S3 unreachable
+        return None
