@@ -4,6 +4,7 @@ and the check that its output keys fit S3's limit. Used by :class:`~s3batch.acti
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from s3batch.formats.compression import MAX_RATIO
 from s3batch.handlers import passthrough
 from s3batch.s3io import sse_params
 from s3batch.sinks import Sink, open_sink
+from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -70,19 +72,23 @@ def open_file_sink(
     log_extra: dict[str, str],
     pools: PostgresPools | None,
 ) -> Sink:
-    """The file's sink (by default its S3 output folder), for this source version and these options."""
-    shape = fingerprint(
+    """The file's sink (by default its S3 output folder), for this source version and these options. A table's
+    checkpoint is also this file's under another ``chunk_records`` (``rows_fingerprint``): its rows are the same,
+    and it resumes at a record and byte position, not at a part."""
+    shaped = functools.partial(
+        fingerprint,
         # Before the JSON reader, a .json file under format auto was read as JSON Lines; the JSON
         # reader reads JSON Lines content the same, so their committed parts keep their fingerprint
         # (what differs, a one-line array once read as one record, is one chunk: never resumed).
         fmt="jsonl" if fmt == "json" and req.format == "auto" else fmt,
         compression=compression,
         handler=req.handler,
-        chunk_records=req.chunk_records,
         max_record_bytes=req.max_record_bytes,
         reading=reading.changed(),
         sink=req.sink.shape() if req.sink is not None else None,
     )
+    shape = shaped(chunk_records=req.chunk_records)
+    rows = shaped(chunk_records=None) if isinstance(req.sink, PostgresSink) else None
     folder = FileOutput(
         s3,
         bucket=req.output_bucket,
@@ -93,6 +99,7 @@ def open_file_sink(
         secret=settings.checkpoint_secret.get_secret_value().encode() or None,
         put_params=sse_params(settings),
         log_extra=log_extra,
+        rows_fingerprint=rows,
     )
     return open_sink(req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=where)
 

@@ -72,6 +72,11 @@ class Checkpoint(BaseModel):
     delimiter_hint: str | None = None
     """The delimiter a CSV file seems to use instead of ``,``, found in its first chunk (see
     ``s3batch.rejects.DelimiterProbe``)."""
+    rows_fingerprint: str | None = None
+    """A table's checkpoint (PostgreSQL sink): hash of the options that shape the rows, without ``chunk_records``
+    (a table's checkpoint is a record and byte position, valid for any chunk size; see :class:`FileOutput`)."""
+    source_column: str | None = None
+    """A table's checkpoint: the column its rows carry their file's identity in (``on_reimport: replace``)."""
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -79,7 +84,7 @@ class Checkpoint(BaseModel):
         # (workers of two releases write the same part metadata during a rolling upgrade).
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("reject_reasons", "delimiter_hint"):
+            for name in ("reject_reasons", "delimiter_hint", "rows_fingerprint", "source_column"):
                 if not data.get(name, True):
                     del data[name]
         return data
@@ -148,6 +153,8 @@ class FileOutput:
         secret: The workers' checkpoint secret (``S3BATCH_CHECKPOINT_SECRET``), or None.
         put_params: Further ``put_object`` arguments (server-side encryption).
         log_extra: ``extra`` of the log lines about this file.
+        rows_fingerprint: For a table (PostgreSQL sink): the :func:`fingerprint` without ``chunk_records``; a
+            checkpoint carrying the same is this file's too (None: only the same ``fingerprint`` is).
     """
 
     def __init__(
@@ -162,6 +169,7 @@ class FileOutput:
         secret: bytes | None,
         put_params: dict[str, Any],
         log_extra: dict[str, Any],
+        rows_fingerprint: str | None = None,
     ) -> None:
         self.s3 = s3
         self.bucket = bucket
@@ -169,6 +177,7 @@ class FileOutput:
         self.key = key
         self.etag = etag
         self.fingerprint = fingerprint
+        self.rows_fingerprint = rows_fingerprint
         self._secret = secret
         self._put_params = put_params
         self._log_extra = log_extra
@@ -186,6 +195,7 @@ class FileOutput:
         self.split, self.splits = index, count
         shape = json.dumps({"of": self.fingerprint, "split": [index, count, start, end]}, sort_keys=True)
         self.fingerprint = hashlib.sha256(shape.encode()).hexdigest()[:16]
+        self.rows_fingerprint = None
 
     part_suffix = layout.JSONL
     """Suffix of the part objects (``part-00000.jsonl``)."""
@@ -200,8 +210,12 @@ class FileOutput:
         return layout.rejects_name(chunk, self.split)
 
     def is_ours(self, cp: Checkpoint) -> bool:
-        """Whether ``cp`` was written for this source version and these options."""
-        return cp.etag == self.etag and cp.fingerprint == self.fingerprint
+        """Whether ``cp`` was written for this source version and these options (for a table: options that
+        write the same rows, ``rows_fingerprint``)."""
+        if cp.etag != self.etag:
+            return False
+        rows = self.rows_fingerprint
+        return cp.fingerprint == self.fingerprint or (rows is not None and cp.rows_fingerprint == rows)
 
     def committed(self, chunk: int, kind: OutputKind = "part") -> Checkpoint | bool | None:
         """The checkpoint stored on output ``chunk`` (its part, or its rejects): a Checkpoint, None

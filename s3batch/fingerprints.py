@@ -14,7 +14,7 @@ def fingerprint(
     fmt: str,
     compression: str | None,
     handler: str,
-    chunk_records: int,
+    chunk_records: int | None,
     max_record_bytes: int,
     reading: Mapping[str, Any] | None = None,
     sink: Mapping[str, Any] | None = None,
@@ -22,6 +22,7 @@ def fingerprint(
     """Hash of the options that shape a file's output; parts from other options are not reused.
 
     Args:
+        chunk_records: None: left out (a table's rows fingerprint: where chunks end is not what the rows are).
         compression: gzip is hashed as ``"gzip": true``, as before zstd and bzip2 were read, so the
             parts of running jobs keep their fingerprint.
         reading: The reading options that differ from their defaults (CSV dialect, header, encoding:
@@ -32,6 +33,8 @@ def fingerprint(
     """
     shape: dict[str, Any] = {"v": 1, "format": fmt, "gzip": compression == "gzip", "handler": handler}
     shape.update(chunk_records=chunk_records, max_record_bytes=max_record_bytes)
+    if chunk_records is None:
+        del shape["chunk_records"]
     if compression not in (None, "gzip"):
         shape["compression"] = compression
     if reading:

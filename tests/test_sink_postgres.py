@@ -35,7 +35,7 @@ from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
-from s3batch.errors import SinkError
+from s3batch.errors import SinkError, SinkInvalid
 from s3batch.jsonvalues import encode_json
 from s3batch.messages import FileResult, ObjectRef, ProcessFileInput, Totals
 from s3batch.models import S3BatchInput
@@ -437,13 +437,16 @@ def test_a_second_attempt_of_a_file_cannot_commit_a_chunk_twice(
             zombie.commit(new, after, other, [], [4, 5], after=lambda: True)
         assert _ids(pg, table) == [0, 1, 2, 3]
         assert _checkpoint(pg, src, "in/a.csv") == json.loads(after.model_dump_json())
-        # A changed source (another ETag) starts over at chunk 0 over the old version's checkpoint.
+        # A changed source (another ETag) in insert mode is refused, at its start and in its first chunk's
+        # transaction: its rows would be added to the old version's (tests/test_sink_postgres_reimport.py).
         changed = attempt("e2")
         fresh = Checkpoint(etag="e2", fingerprint="f")
-        assert changed.resume_point(None, fresh, fresh=False) == fresh
+        with pytest.raises(SinkInvalid, match="imported by job j from version ETag e1"):
+            changed.resume_point(None, fresh, fresh=False)
         later = [encode_json({"id": i, "name": "v2"}) for i in range(10, 12)]
-        changed.commit(fresh, fresh.model_copy(update={"chunk": 1, "next_record": 2}), later, [], [2, 3])
-        assert _ids(pg, table) == [0, 1, 2, 3, 10, 11]
+        with pytest.raises(SinkInvalid, match="Nothing was written"):
+            changed.commit(fresh, fresh.model_copy(update={"chunk": 1, "next_record": 2}), later, [], [2, 3])
+        assert _ids(pg, table) == [0, 1, 2, 3]
     finally:
         pools.close()
 

@@ -60,7 +60,6 @@ from s3batch.sinks.postgres_pools import (
     carried_over,
     copy_rows,
     database_error,
-    stored_checkpoints,
     target_of,
 )
 from s3batch.sinks.postgres_upsert import upsert
@@ -126,8 +125,9 @@ class PostgresOutput:
     @property
     def takes_csv(self) -> bool:
         """Whether the chunk loop may give rows as the file's own CSV (``commit(csv=...)``): in insert mode
-        (upsert keeps the last row of a key, so its rows keep their order through one path)."""
-        return self.spec.mode == "insert"
+        (upsert keeps the last row of a key, so its rows keep their order through one path), unless each row
+        is given its file's identity (``source_column``: the file's CSV rows lack it)."""
+        return self.spec.mode == "insert" and self.spec.source_column is None
 
     def is_ours(self, cp: Checkpoint) -> bool:
         return self.output.is_ours(cp)
@@ -135,13 +135,10 @@ class PostgresOutput:
     # ---------------------------------------------------------------- resume
 
     def resume_point(self, heartbeat: Checkpoint | None, start: Checkpoint, *, fresh: bool) -> Checkpoint:
-        """The file's checkpoint in the database when it is this version's, else ``start`` (the
-        heartbeat is never ahead of it: it is sent after the commit)."""
-        rows = stored_checkpoints(self.pool, self.spec, self.bucket, [self.output.key])
-        if not rows or rows[0][1] is None:
-            return start
-        cp = Checkpoint.model_validate(rows[0][1])
-        return cp if self.is_ours(cp) else start
+        """The file's checkpoint in the database when it is this version's with options that write the same rows,
+        else ``start``; refused over another import of the file (:meth:`CheckpointRow.resume_point`). The
+        heartbeat is never ahead of it: it is sent after the commit."""
+        return self.row.resume_point(self.pool, start, self.output.rows_fingerprint)
 
     # ---------------------------------------------------------------- commit
 
@@ -163,6 +160,7 @@ class PostgresOutput:
         are read back into values and written as the others, so the refused rows are found alike. ``after``:
         the chunk before may still be committing (:meth:`_commit_alongside`); waits for it, tells if it did."""
         values = decoded(output)
+        self.row.mark(values, self.output.etag)
         named = [*values, dict.fromkeys(csv.names)] if csv is not None and len(csv) else values
         columns = self._columns_of(named)
         try:
@@ -383,7 +381,8 @@ class PostgresOutput:
             reason = f"refused by PostgreSQL (table {self.target}, SQLSTATE {state}): {detail or type(err).__name__}"
             summary = f"refused by PostgreSQL: {type(err).__name__} (SQLSTATE {state})"
             reasons[reason_key(summary)] += 1
-            rejects.append((line, encode_json({"line": line, "reason": reason, "record": values[index]})))
+            record = self.row.unmarked(values[index])
+            rejects.append((line, encode_json({"line": line, "reason": reason, "record": record})))
         n = len(refused)
         return new.model_copy(
             update={

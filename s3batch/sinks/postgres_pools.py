@@ -282,13 +282,45 @@ def _has_unique_index(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool
 
 
 def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
-    """At the start of a job: the connection is known and reachable, the table exists.
+    """At the start of a job: the connection is known and reachable, the table exists, ``source_column`` is a
+    text column of it.
 
     Raises:
-        SinkInvalid: Unknown connection, missing table or key columns.
+        SinkInvalid: Unknown connection, missing table or key columns, a ``source_column`` that is no text column.
         SinkError: The database cannot be reached.
     """
     pools.columns(spec)
+    if spec.source_column is not None:
+        _check_source_column(spec, pools)
+
+
+_TEXT_TYPES = ("text", "character varying")
+"""The types of a ``source_column`` (``format_type``, without a length): it holds ``s3://bucket/key#etag``."""
+
+
+def _check_source_column(spec: PostgresSink, pools: PostgresPools) -> None:
+    """``source_column`` is a text (or varchar) column of the table."""
+    try:
+        with pools.pool(spec.connection).connection() as conn:
+            row = conn.execute(
+                "SELECT format_type(a.atttypid, NULL) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s "
+                "AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped",
+                (spec.schema_name, spec.table_name, spec.source_column),
+            ).fetchone()
+    except (psycopg.Error, PoolTimeout) as err:
+        raise database_error(err, "opening", spec, "retried (nothing was written)") from None
+    table = f"{spec.schema_name}.{spec.table_name}"
+    if row is None:
+        raise SinkInvalid(
+            f"table {table} has no column {spec.source_column!r} (the sink's source_column, where each row gets "
+            "its file): add a text column (ALTER TABLE ... ADD COLUMN ... text), or name one the table has"
+        )
+    if row[0] not in _TEXT_TYPES:
+        raise SinkInvalid(
+            f"the sink's source_column {spec.source_column!r} of table {table} is not a text column (it is {row[0]}): "
+            "it holds each row's file, s3://bucket/key#etag; name a text or varchar column"
+        )
 
 
 class _JsonText(Dumper):

@@ -2,15 +2,24 @@
 
 ``{"type": "s3"}`` (the default: JSONL parts), ``{"type": "s3", "format": "parquet"}``, or
 ``{"type": "postgres", "connection": "warehouse", "table": "public.customers", "mode": "insert"}``
-(``"mode": "upsert", "key": ["customer_id"]`` for re-runs of corrected files). Unknown types or
-fields are refused when the job starts (``InvalidInput`` naming the field).
+(``"mode": "upsert", "key": ["customer_id"]`` for re-runs of corrected files; ``"on_reimport": "replace",
+"source_column": "src"`` to replace a file's earlier rows). Unknown types or fields are refused when the job
+starts (``InvalidInput`` naming the field).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from s3batch.validation import INPUT_ERROR
@@ -53,6 +62,14 @@ class PostgresSink(BaseModel):
     """``insert``: every row once (through the checkpoint); ``upsert``: ``ON CONFLICT (key) DO UPDATE``."""
     key: list[Identifier] | None = Field(None, min_length=1)
     """The conflict columns of ``upsert`` (a unique index or primary key of the table)."""
+    on_reimport: Literal["refuse", "replace"] | None = None
+    """A file the table holds rows of from another version of it or other options: ``refuse`` it (nothing
+    written; the default in ``insert`` mode), or ``replace`` its earlier rows (found by ``source_column``),
+    deleted in the transaction of the new import's first chunk. None: ``refuse`` in ``insert`` mode; ``upsert``
+    writes over them by key."""
+    source_column: Identifier | None = None
+    """A text column of the table the sink fills, on every row it writes, with the file's identity:
+    ``s3://bucket/key#etag`` (the handler's field of that name is replaced). Needed by ``replace``."""
 
     @model_validator(mode="after")
     def _key_with_upsert(self) -> PostgresSink:
@@ -60,7 +77,29 @@ class PostgresSink(BaseModel):
             raise PydanticCustomError(INPUT_ERROR, "mode 'upsert' needs 'key': the conflict columns, e.g. ['id']")
         if self.mode == "insert" and self.key:
             raise PydanticCustomError(INPUT_ERROR, "'key' is for mode 'upsert' only")
+        if self.on_reimport == "replace" and self.source_column is None:
+            raise PydanticCustomError(
+                INPUT_ERROR,
+                "on_reimport 'replace' needs 'source_column': a text column of the table the sink fills with each "
+                "row's file (s3://bucket/key#etag), by which a file's earlier rows are found",
+            )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A sink without them is written as before: a worker of an earlier release refuses unknown fields.
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in ("on_reimport", "source_column"):
+                if data.get(name, 0) is None:
+                    del data[name]
+        return data
+
+    @property
+    def reimport(self) -> Literal["refuse", "replace", "upsert"]:
+        """What an import of a file does where the table holds rows of another version of it or other options:
+        ``on_reimport``, else ``refuse`` in insert mode and ``upsert`` in upsert mode."""
+        return self.on_reimport or ("refuse" if self.mode == "insert" else "upsert")
 
     @property
     def schema_name(self) -> str:
@@ -71,9 +110,13 @@ class PostgresSink(BaseModel):
         return self.table.rpartition(".")[2]
 
     def shape(self) -> dict[str, Any]:
-        """What enters the output fingerprint: a checkpoint of another table or mode is not reused."""
+        """What enters the output fingerprint: a checkpoint of another table or mode is not reused; nor of rows
+        marked in another ``source_column`` (``on_reimport`` is what becomes of earlier rows, not these rows)."""
         table = f"{self.schema_name}.{self.table_name}"
-        return {"type": "postgres", "table": table, "mode": self.mode, "key": self.key}
+        shape: dict[str, Any] = {"type": "postgres", "table": table, "mode": self.mode, "key": self.key}
+        if self.source_column is not None:
+            shape["source_column"] = self.source_column
+        return shape
 
 
 Sink = Annotated[S3Sink | PostgresSink, Field(discriminator="type")]
