@@ -185,12 +185,13 @@ async def test_status_names_the_current_file_of_a_group(
     src, out = buckets
     keys = [f"in/{name}.csv" for name in ("a", "b", "c")]
     for n, key in enumerate(keys):
-        # Small files (grouped into one activity), 40 chunks of 50 ms each.
+        # Small files (grouped into one activity), 100 chunks of 50 ms each: the group is in flight for
+        # 15 s, long enough for `s3batch status` processes started on a loaded machine.
         upload_chunks(s3, src, key, customers_csv(2_000, seed=n))
     wid = job_id("group")
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--handler", SLOW_HANDLER,
-        "--chunk-records", "50", "--heartbeat-timeout-seconds", HEARTBEAT_TIMEOUT, "--task-queue", task_queue,
+        "--chunk-records", "20", "--heartbeat-timeout-seconds", HEARTBEAT_TIMEOUT, "--task-queue", task_queue,
         "--id", wid,
     )
     assert started.code == 0, started

@@ -104,6 +104,7 @@ def test_a_report_over_one_part_is_uploaded_in_parts_with_the_same_bytes(s3: Any
 # ------------------------------------------------------------------------------ bounded memory
 
 
+@pytest.mark.timeout(900)  # CPU-bound under tracemalloc: a minute alone, several beside the parallel suite
 def test_the_report_of_200000_files_is_written_with_bounded_memory(s3: Any, buckets: tuple[str, str]) -> None:
     """200,000 file results in 100 segments: the writer holds one segment and one upload part, not the
     files (a list of them alone would take hundreds of MB), and the report is complete and exact."""

@@ -83,7 +83,9 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
     src, out = buckets
     rows, chunk = 40_000, 1_000
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
-    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    # The first worker is slow (40 chunks of 0.5 s), so the file is still in flight once the second has
+    # started, however loaded the machine; the second finishes the rest quickly.
+    first = worker_process(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.5")
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -101,7 +103,7 @@ async def test_sigterm_hands_the_file_over_without_waiting_for_the_heartbeat_tim
             task_queue=task_queue,
         )
         await wait_for(lambda: len(committed_parts(s3, out, "o/big.csv/")) >= 4, 60, "4 committed parts")
-        second = worker_process(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.1")
+        second = worker_process(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.02")
         second.wait_ready()
         first.proc.send_signal(15)
 

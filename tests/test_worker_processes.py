@@ -206,7 +206,9 @@ async def test_sigterm_to_the_supervisor_drains_every_process_and_exits_zero(
     src, out = buckets
     rows = 40_000
     s3.put_object(Bucket=src, Key="in/big.csv", Body=make_csv(rows))
-    first = supervised(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.1")
+    # The first worker is slow (40 chunks of 0.5 s), so the file is still in flight once the second has
+    # started, however loaded the machine; the second finishes the rest quickly.
+    first = supervised(task_queue, tmp_path, "a", S3BATCH_TEST_HANDLER_DELAY="0.5")
     second: WorkerProcess | None = None
     try:
         first.wait_ready()
@@ -214,7 +216,7 @@ async def test_sigterm_to_the_supervisor_drains_every_process_and_exits_zero(
         handle = await start(client, task_queue, slow_job(src, out, chunk_records=1_000,
                                                           heartbeat_timeout_seconds=30), "sigterm-procs")
         await wait_for(lambda: len(committed_parts(s3, out, "o/in/big.csv/")) >= 4, 60, "4 committed parts")
-        second = worker_process(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.1").wait_ready()
+        second = worker_process(task_queue, tmp_path, "b", S3BATCH_TEST_HANDLER_DELAY="0.02").wait_ready()
         signalled = time.monotonic()
         first.proc.send_signal(signal.SIGTERM)
 
