@@ -67,18 +67,24 @@ def last_committed(
 
 
 def table_committed(
-    spec: PostgresSink, pools: PostgresPools | None, bucket: str, files: list[FileResult]
+    spec: PostgresSink,
+    pools: PostgresPools | None,
+    bucket: str,
+    files: list[FileResult],
+    rejected_of: str | None = None,
 ) -> dict[tuple[str, str], Checkpoint]:
     """The checkpoints committed in the database of ``files`` (source ``bucket``, "" for a manifest job's)
     written into the table of ``spec``, by (key, etag): those of the files' versions only. A key found in
-    several buckets of a manifest job with the same version is left out (which one is this job's is unknown)."""
+    several buckets of a manifest job with the same version is left out (which one is this job's is unknown).
+    ``rejected_of``: a redrive of rejected records' (its checkpoint rows are its own)."""
     from s3batch.sinks.postgres_pools import pools_or_default, stored_checkpoints
 
     wanted = {(f.key, f.etag) for f in files}
     found: dict[tuple[str, str], Checkpoint] = {}
     seen: set[tuple[str, str]] = set()
     keys = list(dict.fromkeys(f.key for f in files))
-    for key, raw in stored_checkpoints(pools_or_default(pools).pool(spec.connection), spec, bucket, keys):
+    pool = pools_or_default(pools).pool(spec.connection)
+    for key, raw in stored_checkpoints(pool, spec, bucket, keys, rejected_of):
         try:
             cp = Checkpoint.model_validate(raw) if raw is not None else None
         except ValidationError:
@@ -104,18 +110,19 @@ def fill_cancelled(
     sink: S3Sink | PostgresSink | None = None,
     pools: PostgresPools | None = None,
     source_bucket: str = "",
+    rejected_of: str | None = None,
 ) -> tuple[list[FileResult], Totals]:
     """``files`` and ``totals`` with each cancelled file that reported nothing (no chunk) given the
     counts of its last committed checkpoint: read from its parts in ``bucket`` under ``output_prefix``,
     or, for a job whose ``sink`` is a PostgreSQL table, from the database through the worker's ``pools``
-    (``source_bucket``: the job's source bucket, "" for a manifest job)."""
+    (``source_bucket``: the job's source bucket, "" for a manifest job; ``rejected_of``: its ``rejected_of``)."""
     totals = totals.model_copy()
     files = [_split_parts(s3, bucket, output_prefix, f, totals, secret) if f.splits else f for f in files]
     silent = [f for f in files if f.status == "cancelled" and f.chunks == 0 and f.records == 0 and not f.splits]
     if not silent:
         return files, totals
     if isinstance(sink, PostgresSink):
-        found = table_committed(sink, pools, source_bucket, silent)
+        found = table_committed(sink, pools, source_bucket, silent, rejected_of)
     else:
         found = {}
         for f in silent:

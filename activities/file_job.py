@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink
 from s3batch.activities.handling import HandlerRun
+from s3batch.activities.rejected import RejectedLines, records_from
 from s3batch.activities.splits import open_split
 from s3batch.activities.taking import Chunk, take, take_packed
 from s3batch.activities.verify import verify_output
@@ -107,6 +108,7 @@ class FileJob:
         self.reading = reading_of(req, self.fmt, self.where)
         # Its hint says the file was read as ','-separated: only then can it be right.
         self.probe = DelimiterProbe(self.fmt == "csv" and self.reading.delimiter == ",")
+        self.redrive = RejectedLines.of(s3, req, self.where, settings)  # only these records (a redrive of rejects)
         self.source = SourceFile(
             s3,
             bucket=req.bucket,
@@ -117,10 +119,10 @@ class FileJob:
             compression=self.compression,
             max_record_bytes=req.max_record_bytes,
             reading=self.reading,
-            fast=settings.csv_fast_path and req.obj.size >= FAST_MIN_BYTES,
+            fast=settings.csv_fast_path and req.obj.size >= FAST_MIN_BYTES and self.redrive is None,
         )
         self.output = open_file_sink(
-            s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools
+            s3, settings, req, self.fmt, self.compression, self.reading, self.where, self.log_extra, pools, self.redrive
         )
         self._packed, self._as_csv, self.behind = chunk_paths(self.books.handler, self.output, req.obj.size)
         self.dir = self.output.dir
@@ -197,7 +199,7 @@ class FileJob:
         if limit is not None:
             activity.logger.warning("%s: too many rejects (%s)", self.where, limit, extra=self.log_extra)
             output = f"s3://{self.req.output_bucket}/{self.dir}"
-            raise too_many(self.where, limit, file_counts(cp), cp.reject_reasons, output)
+            raise too_many(self.where, limit, file_counts(cp), cp.reject_reasons, output, self.req.job_id)
 
     def confirm_source(self) -> None:
         """Make sure the source still is the listed version (one pinned HEAD, unless a pinned read
@@ -233,7 +235,7 @@ class FileJob:
         self._beat()
         with contextlib.ExitStack() as stack:
             stack.push(self._close_behind)
-            records, parser = self.source.records(cp.next_record, cp.byte_offset, cp.line, stack)
+            records, parser = records_from(self.source, cp, stack, self.redrive)
             lookahead: list[Record] = []
             chunk_start = parser.offset  # bytes of the (decompressed) source read before this chunk
             packed = parser if (self._packed or self._as_csv) and isinstance(parser, FastCsvParser) else None

@@ -23,6 +23,7 @@ from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from s3batch.activities.rejected import RejectedLines
 
     from s3batch.config import Settings
     from s3batch.formats.common import ParsedFormat
@@ -71,10 +72,12 @@ def open_file_sink(
     where: str,
     log_extra: dict[str, str],
     pools: PostgresPools | None,
+    redrive: RejectedLines | None = None,
 ) -> Sink:
     """The file's sink (by default its S3 output folder), for this source version and these options. A table's
     checkpoint is also this file's under another ``chunk_records`` (``rows_fingerprint``): its rows are the same,
-    and it resumes at a record and byte position, not at a part."""
+    and it resumes at a record and byte position, not at a part. ``redrive``: a redrive of rejected records (its
+    identity enters the fingerprints: ``s3batch.activities.rejected``)."""
     shaped = functools.partial(
         fingerprint,
         # Before the JSON reader, a .json file under format auto was read as JSON Lines; the JSON
@@ -86,6 +89,7 @@ def open_file_sink(
         max_record_bytes=req.max_record_bytes,
         reading=reading.changed(),
         sink=req.sink.shape() if req.sink is not None else None,
+        redrive=None if redrive is None else redrive.identity,
     )
     shape = shaped(chunk_records=req.chunk_records)
     rows = shaped(chunk_records=None) if isinstance(req.sink, PostgresSink) else None
@@ -101,7 +105,9 @@ def open_file_sink(
         log_extra=log_extra,
         rows_fingerprint=rows,
     )
-    return open_sink(req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=where)
+    return open_sink(
+        req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=where, rejected_of=req.rejected_of
+    )
 
 
 def check_key_length(req: ProcessFileInput, compression: Compression | None, where: str) -> None:

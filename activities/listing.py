@@ -58,26 +58,27 @@ class RedrivePlans:
     """
 
     def __init__(self, keep: int = 4) -> None:
-        self._plans: OrderedDict[tuple[str, str, str, str], RedrivePlan] = OrderedDict()
+        self._plans: OrderedDict[tuple[str, str, str, str, bool], RedrivePlan] = OrderedDict()
         self._keep = keep
         self._lock = threading.Lock()  # activities run in a thread pool
 
-    def plan(self, s3: S3Client, bucket: str, key: str, prefix: str) -> RedrivePlan:
-        """The plan of the report at ``s3://bucket/key`` for a job listing ``prefix``."""
+    def plan(self, s3: S3Client, bucket: str, key: str, prefix: str, *, rejected: bool = False) -> RedrivePlan:
+        """The plan of the report at ``s3://bucket/key`` for a job listing ``prefix`` (``rejected``: its files with
+        rejected records, for a redrive of them)."""
         action = "reading the job report to redrive"
         try:
             etag = s3.head_object(Bucket=bucket, Key=key)["ETag"]
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, action, bucket, key)
         with self._lock:
-            found = self._plans.get((bucket, key, etag, prefix))
+            found = self._plans.get((bucket, key, etag, prefix, rejected))
             if found is not None:
-                self._plans.move_to_end((bucket, key, etag, prefix))
+                self._plans.move_to_end((bucket, key, etag, prefix, rejected))
                 return found
         report, etag = fetch_report(s3, bucket, key, action=action)
-        plan = redrive_plan(report, prefix)
+        plan = redrive_plan(report, prefix, rejected=rejected)
         with self._lock:
-            self._plans[(bucket, key, etag, prefix)] = plan
+            self._plans[(bucket, key, etag, prefix, rejected)] = plan
             while len(self._plans) > self._keep:
                 self._plans.popitem(last=False)
         return plan
@@ -86,7 +87,8 @@ class RedrivePlans:
 def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan) -> ListObjectsResult:
     """A page of the files to redrive from an earlier job's report, pinned to their current version:
     those that failed, were cancelled or never started, then, when that job was cancelled before
-    its listing ended, the rest of its listing (from where it stopped).
+    its listing ended, the rest of its listing (from where it stopped); of a redrive of rejected records,
+    its files with rejects (a file changed since is refused by its activity, which reads the rejects).
 
     Continuation tokens: ``"<n>"`` is the n-th file of the report to redrive, ``"s3:<token>"`` a
     position in the rest of the listing (``"s3:"`` its start).

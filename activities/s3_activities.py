@@ -104,8 +104,9 @@ class S3Activities:
         else:
             check_allowed(self.settings, "sources", job.bucket, job.prefix)
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
-        if job.only_failed_of:
-            self._report_location(job.only_failed_of)
+        for report in (job.only_failed_of, job.rejected_of):
+            if report:
+                self._report_location(report)
         check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
         if isinstance(job.sink, PostgresSink):
             from s3batch.sinks.postgres_pools import check_sink
@@ -142,8 +143,9 @@ class S3Activities:
             )
         except (ClientError, BotoCoreError) as err:
             raise_s3_error(err, "writing", job.output_bucket, probe)
-        if job.only_failed_of:
-            self._read_report(job.only_failed_of)
+        for report in (job.only_failed_of, job.rejected_of):
+            if report:
+                self._read_report(report)
         return JobCheck(
             search_attributes=self.search_attributes_registered,
             source=sa.source_value(job.bucket, job.prefix, self.source_keys),
@@ -159,7 +161,8 @@ class S3Activities:
             return list_manifest_page(self.s3, req, self.manifest_positions)
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
-            plan = self.redrive_plans.plan(self.s3, *self._report_location(req.report), req.prefix)
+            location = self._report_location(req.report)
+            plan = self.redrive_plans.plan(self.s3, *location, req.prefix, rejected=bool(req.rejected))
             return list_redrive_page(self.s3, req, plan)
         return list_page(self.s3, req.bucket, req.prefix, req.page_size, req.continuation_token, req.selection)
 
@@ -227,8 +230,8 @@ class S3Activities:
                 yield from read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment))
 
         redriven = None
-        if not req.listing_done and job.only_failed_of:
-            redriven = self._read_report(job.only_failed_of)
+        if not req.listing_done and (job.only_failed_of or job.rejected_of):
+            redriven = self._read_report(job.only_failed_of or job.rejected_of or "")
         if any(f.status == "cancelled" for f in req.files):
             # Files a cancel (or max_rejected_total) found between attempts report nothing: their committed
             # parts say how far they got.
@@ -243,6 +246,7 @@ class S3Activities:
                 sink=job.sink,
                 pools=self._pools_for(job.sink),
                 source_bucket=job.bucket,
+                rejected_of=job.rejected_of,
             )
             req = req.model_copy(update={"files": done, "totals": totals})
         report = final_report(req, segments, redriven)

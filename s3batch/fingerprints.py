@@ -18,6 +18,7 @@ def fingerprint(
     max_record_bytes: int,
     reading: Mapping[str, Any] | None = None,
     sink: Mapping[str, Any] | None = None,
+    redrive: str | None = None,
 ) -> str:
     """Hash of the options that shape a file's output; parts from other options are not reused.
 
@@ -30,6 +31,8 @@ def fingerprint(
             the one earlier releases computed.
         sink: The sink's shape (``S3Sink.shape()``, ``PostgresSink.shape()``); None for the default
             JSONL parts, whose fingerprint is then the one earlier releases computed.
+        redrive: A redrive of rejected records: the identity of the records it takes
+            (``s3batch.activities.rejected.RejectedLines.identity``); None for any other job.
     """
     shape: dict[str, Any] = {"v": 1, "format": fmt, "gzip": compression == "gzip", "handler": handler}
     shape.update(chunk_records=chunk_records, max_record_bytes=max_record_bytes)
@@ -41,4 +44,6 @@ def fingerprint(
         shape["reading"] = dict(reading)
     if sink is not None:
         shape["sink"] = dict(sink)
+    if redrive is not None:
+        shape["redrive"] = redrive
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]

@@ -168,13 +168,15 @@ class ListObjectsInput(_Model):
     job started by an earlier release)."""
     selection: KeyFilter | None = None
     """The job's filters (None: none)."""
+    rejected: bool | None = None
+    """True: list the files of ``report`` that had rejects (a redrive of rejected records), not its failed ones."""
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _LISTING_OPTIONS)
 
 
-_LISTING_OPTIONS = frozenset({"manifest", "manifest_version", "selection"})
+_LISTING_OPTIONS = frozenset({"manifest", "manifest_version", "selection", "rejected"})
 
 
 class ListObjectsResult(_Model):
@@ -217,13 +219,16 @@ class ProcessFileInput(_Model):
     """The job's reading options (``s3batch.reading``); None (left out of the payload): the default."""
     split: SplitRange | None = None
     """The part of the file this activity processes; None (left out of the payload): the whole file."""
+    rejected_of: str | None = None
+    """The job's ``rejected_of``: only the records that job's rejects files name are processed (None, left out of
+    the payload: every record)."""
 
     @model_serializer(mode="wrap")
     def _omit_default_sink(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _SINK)
 
 
-_SINK = READ_OPTIONS | {"sink", "split"}
+_SINK = READ_OPTIONS | {"sink", "split", "rejected_of"}
 
 
 class ProcessGroupInput(_Model):

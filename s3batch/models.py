@@ -73,6 +73,7 @@ REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_re
 
 _UNSET_OMITTED = READ_OPTIONS | (
     REJECT_LIMITS | {"sink"} | {"manifest", "include", "exclude", "modified_after", "modified_before"} | {"incremental"}
+    | {"rejected_of"}
 )
 """Job options left out of the input as written when unset: a job without them is written as before."""
 
@@ -170,6 +171,11 @@ class S3BatchInput(BaseModel):
     only_failed_of: str | None = Field(None, pattern=r"^s3://[^/]+/.+")
     """Redrive: ``s3://bucket/key`` of an earlier job's report; only the files that failed (or
     were cancelled) there and lie under ``prefix`` are processed, at their current version."""
+    rejected_of: str | None = Field(None, pattern=r"^s3://[^/]+/(.*/)?_report\.json$")
+    """Redrive of rejected records: ``s3://bucket/{output_prefix}_report.json`` of an earlier job; only the records
+    its files rejected (the lines in its rejects files) are processed again, from the same source version, and
+    those now accepted are written once (into this job's own output_prefix, or the table beside the earlier
+    rows; see ``s3batch.activities.rejected``). ``s3batch redrive --rejected JOB`` sets it."""
     fail_if_empty: bool = False
     """Fail the job (``EmptyPrefix``) when the prefix matches no file, instead of succeeding with 0 files."""
     overwrite_output: bool = False
@@ -188,8 +194,10 @@ class S3BatchInput(BaseModel):
     def _incremental_source(self) -> S3BatchInput:
         if self.incremental is None:
             return self
-        if self.manifest is not None or self.only_failed_of is not None:
-            raise PydanticCustomError(INPUT_ERROR, "incremental lists a prefix: give no manifest or only_failed_of")
+        if self.manifest is not None or self.only_failed_of is not None or self.rejected_of is not None:
+            raise PydanticCustomError(
+                INPUT_ERROR, "incremental lists a prefix: give no manifest, only_failed_of or rejected_of"
+            )
         bucket, key = ledger_location(ledger_uri(self.output_bucket, self.output_prefix, self.incremental))
         if bucket == self.bucket and key.startswith(self.prefix):
             raise PydanticCustomError(
@@ -246,10 +254,18 @@ class S3BatchInput(BaseModel):
     def _one_source(self) -> S3BatchInput:
         if self.manifest is None and not self.bucket:
             raise PydanticCustomError(INPUT_ERROR, "bucket is required (or manifest instead of bucket and prefix)")
-        if self.manifest is not None and (self.bucket or self.prefix or self.only_failed_of):
+        if self.manifest is not None and (self.bucket or self.prefix or self.only_failed_of or self.rejected_of):
             raise PydanticCustomError(
                 INPUT_ERROR,
-                "manifest names the objects itself: give either manifest or bucket/prefix (and no only_failed_of)",
+                "manifest names the objects itself: give either manifest or bucket/prefix (and no only_failed_of "
+                "or rejected_of)",
+            )
+        own = f"s3://{self.output_bucket}/{layout.report_key(self.output_prefix)}"
+        if self.rejected_of == own:
+            raise PydanticCustomError(
+                INPUT_ERROR,
+                "rejected_of is this job's own report: a redrive of rejected records writes into an output_prefix of "
+                "its own (s3batch redrive --rejected: _rejected/ under that job's), never over the job it redrives",
             )
         after, before = self.modified_after, self.modified_before
         if after and before and parse_time(after) >= parse_time(before):

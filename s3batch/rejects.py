@@ -132,11 +132,13 @@ def all_rejected(limits: FileLimits, rejected: int, records: int) -> bool:
     return unset and records > 0 and rejected >= records
 
 
-def all_rejected_advice(output: str) -> str:
-    """What to do about a file whose every record was rejected (its rejects files under ``output``)."""
+def all_rejected_advice(output: str, job_id: str | None = None) -> str:
+    """What to do about a file whose every record was rejected (its rejects files under ``output``) by job
+    ``job_id`` (None: not known here)."""
     return (
         f"Fix what rejected them (the rejects files under {output} give each rejected line and its full "
-        "reason) and process the file again; or, to accept such a file, set a reject limit that allows it, "
+        f"reason), then bring them in with `s3batch redrive --rejected {job_id or '<this job>'}` (it processes "
+        "those records again, once); or, to accept such a file, set a reject limit that allows it, "
         'e.g. "max_rejected_ratio": 1.0 (s3batch start --max-rejected-ratio 1.0).'
     )
 
@@ -172,15 +174,16 @@ def file_counts(cp: Progress, *, earlier: bool = False) -> dict[str, Any]:
 
 
 def too_many(
-    where: str, limit: str, counts: dict[str, Any], tally: Sequence[Sequence[Any]], output: str
+    where: str, limit: str, counts: dict[str, Any], tally: Sequence[Sequence[Any]], output: str,
+    job_id: str | None = None,
 ) -> TooManyRejects:
-    """The failure of a file over ``limit`` (``counts``: :func:`file_counts` at its last commit)."""
+    """The failure of a file over ``limit`` (``counts``: :func:`file_counts` at its last commit) in job ``job_id``."""
     records, rejected, chunks = counts["records"], counts["rejected"], counts["chunks"]
     if limit == ALL_REJECTED:
         return TooManyRejects(
             f"{where}: all {records} records read were rejected, and no reject limit allows that (a file whose "
             f"every record is rejected fails unless the job sets one); most common reasons: "
-            f"{describe_reasons(tally, rejected)}. {all_rejected_advice(output)}",
+            f"{describe_reasons(tally, rejected)}. {all_rejected_advice(output, job_id)}",
             counts,
         )
     return TooManyRejects(

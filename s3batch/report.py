@@ -94,17 +94,19 @@ class JobReport(BaseModel):
         """The report as written to S3 (only the fields it was built or read with)."""
         return json.dumps(self.model_dump(mode="json", exclude_unset=True), indent=1).encode()
 
-    def redrive_files(self, prefix: str) -> list[ReportFile]:
-        """The files a redrive processes again: failed, cancelled or never started, under ``prefix``."""
-        return [f for f in self.files if f.status in REDRIVE_STATUSES and f.key.startswith(prefix)]
+    def redrive_files(self, prefix: str, *, rejected: bool = False) -> list[ReportFile]:
+        """The files a redrive processes again: failed, cancelled or never started, under ``prefix`` (``rejected``:
+        those with rejected records, whatever their status)."""
+        return [f for f in self.files if (f.rejected if rejected else f.status in REDRIVE_STATUSES)
+                and f.key.startswith(prefix)]  # fmt: skip
 
 
-def redrive_plan(report: JobReport, prefix: str) -> tuple[list[str], str | None]:
+def redrive_plan(report: JobReport, prefix: str, *, rejected: bool = False) -> tuple[list[str], str | None]:
     """What a redrive of ``report`` processes: the keys of its failed, cancelled and never-started
     files under ``prefix``, and where the rest of its listing starts (None when its listing ended,
-    ``""`` when it never listed a page)."""
-    keys = [f.key for f in report.redrive_files(prefix)]
-    if report.listing.done:
+    ``""`` when it never listed a page); ``rejected``: the keys of its files with rejects (and None)."""
+    keys = [f.key for f in report.redrive_files(prefix, rejected=rejected)]
+    if report.listing.done or rejected:
         return keys, None
     return keys, report.listing.continuation_token or ""
 
@@ -293,8 +295,8 @@ def final_report(req: FinalReportInput, segments: Entries, redriven: JobReport |
     Args:
         req: What the workflow knows at the end.
         segments: The file results flushed by earlier runs, in order (read afresh at each call).
-        redriven: The report this job redrives (``only_failed_of``), needed only when the job was
-            cancelled before its listing ended.
+        redriven: The report this job redrives (``only_failed_of``, else ``rejected_of``), needed only when the
+            job was cancelled before its listing ended.
     """
     job = req.job
     totals = req.totals.model_dump(mode="json")
@@ -309,7 +311,7 @@ def final_report(req: FinalReportInput, segments: Entries, redriven: JobReport |
         # A redrive cancelled before it listed all it had to redrive: the rest of the redriven
         # report becomes this report's never-started files, and its listing goes on where that
         # report's did, so a redrive of this job picks up exactly what is left.
-        keys, rest = redrive_plan(redriven, job.prefix)
+        keys, rest = redrive_plan(redriven, job.prefix, rejected=not job.only_failed_of)
         token = req.continuation_token or "0"
         unlisted, rest = ([], token[3:]) if token.startswith("s3:") else (keys[int(token) :], rest)
         totals["files_listed"] += len(unlisted)

@@ -104,6 +104,7 @@ def file_input(spec: S3BatchInput, obj: ObjectRef) -> ProcessFileInput:
         header=spec.header,
         encoding=spec.encoding,
         sink=spec.sink,
+        rejected_of=spec.rejected_of,  # None (a job of any other kind): left out of the input, as before
     )
 
 
@@ -115,13 +116,16 @@ def keep_check(st: JobState, check: JobCheck, source_indexed: bool) -> None:
 
 
 def listing_input(spec: S3BatchInput, st: JobState, page_size: int) -> ListObjectsInput:
-    """The input of the next listing page of a job that is not incremental."""
+    """The input of the next listing page of a job that is not incremental (of a redrive: of the report redriven;
+    of rejected records, ``rejected``, unless it redrives the failed files of such a redrive)."""
+    rejected = spec.rejected_of is not None and spec.only_failed_of is None
     return ListObjectsInput(
         bucket=spec.bucket,
         prefix=spec.prefix,
         continuation_token=st.continuation_token,
         page_size=page_size,
-        report=spec.only_failed_of,
+        report=spec.rejected_of if rejected else spec.only_failed_of,
+        rejected=rejected or None,  # None: left out of the input, as before
         manifest=spec.manifest,  # None, and left out of the input, for a job without one (and below)
         manifest_version=st.manifest_version,
         selection=spec.selection() if spec.selection().active else None,

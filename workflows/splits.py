@@ -62,6 +62,8 @@ def split_count(spec: S3BatchInput, st: JobState, obj: ObjectRef, free: int) -> 
         return 1
     if spec.sink is not None and spec.sink.type != "s3":
         return 1  # a table: one checkpoint row per file
+    if spec.rejected_of is not None:
+        return 1  # a redrive of rejected records reads each file whole, taking its rejected lines (a job since it)
     if spec.encoding not in _UTF8:
         return 1  # the boundaries are found as line feed bytes
     try:
@@ -128,7 +130,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
         error = (
             f"TooManyRejects: {where}: all {records} records read by its {len(results)} splits were rejected, and "
             "no reject limit allows that (a file whose every record is rejected fails unless the job sets one); "
-            f"most common reasons: {reasons}. {all_rejected_advice(output)}"
+            f"most common reasons: {reasons}. {all_rejected_advice(output, workflow.info().workflow_id)}"
         )
     else:
         error = (

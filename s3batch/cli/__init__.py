@@ -8,6 +8,7 @@
     s3batch watch ID [--interval 1] [--once]  # live view: a bar per file in flight, speed, ETA
     s3batch report ID [--json]
     s3batch redrive ID [--id NEW_ID] [--wait] # a new job over the files that failed in ID
+    s3batch redrive --rejected ID [--wait]   # ... over the records ID rejected, once their cause is fixed
     s3batch list [--running] [--source BUCKET/PREFIX] [--json]
 
 ``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
@@ -22,7 +23,8 @@ from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, p
 Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
 3 the command does not apply to the job in its state: the ID belongs to a job that already finished
 (IDs are never reused; controls need a running job) or that is running with another input, or
-``redrive`` was given a job that is still running or has no failed or cancelled files.
+``redrive`` was given a job that is still running or has no failed or cancelled files (with ``--rejected``:
+no rejected record).
 
 The commands are thin: what they do to a job is :mod:`s3batch.client` (usable from Python), what
 they print is here. :mod:`s3batch.cli.jobs` has ``start``, ``status``, ``report``, ``redrive`` and

@@ -17,6 +17,7 @@ from s3batch import client as api
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
 from s3batch.models import S3BatchInput
+from s3batch.sinks.spec import destination
 from s3batch.validation import describe_validation_error
 
 # ------------------------------------------------------------------------------ job flags
@@ -185,12 +186,28 @@ async def cmd_start(args: argparse.Namespace) -> int:
 async def cmd_redrive(args: argparse.Namespace) -> int:
     """Start a new job over the files that failed (or were cancelled) in a finished job (see
     :mod:`s3batch.client.redrive`)."""
+    if args.output_prefix is not None and not args.rejected:
+        raise CliError("--output-prefix goes with --rejected: a redrive of files writes into its job's", EXIT_BAD_INPUT)
     client = await api.connect()
     try:
-        plan = await api.prepare_redrive(client, args.workflow_id, args.id, args.task_queue)
+        if args.rejected:
+            plan = await api.prepare_rejected_redrive(
+                client, args.workflow_id, args.id, args.task_queue, args.output_prefix
+            )
+        else:
+            plan = await api.prepare_redrive(client, args.workflow_id, args.id, args.task_queue)
     except api.JobIdUsed as err:
         raise CliError(f"{err}. Pass another --id (or none).", EXIT_ID_USED) from None
-    if not args.json:
+    if not args.json and plan.rejected is not None:
+        job = plan.job
+        out.print(
+            safe_line(
+                f"Redriving the {plan.rejected:,} rejected record(s) of {len(plan.files)} file(s) of job ",
+                (plan.of, "bold"), f" into {destination(job.sink, job.output_bucket, job.output_prefix)}",
+            )
+        )
+        out.print(safe_line(f"  their lines are read from the rejects files of the job of {plan.original_report}"))
+    elif not args.json:
         counts, job = plan.counts(), plan.job
         out.print(
             safe_line(
@@ -292,10 +309,25 @@ def add_report(commands: argparse._SubParsersAction) -> None:
 
 def add_redrive(commands: argparse._SubParsersAction) -> None:
     redrive = commands.add_parser(
-        "redrive", help="start a new job over the files that failed or were cancelled in a finished job"
+        "redrive",
+        help="start a new job over the files that failed or were cancelled in a finished job (--rejected: over the "
+        "records it rejected)",
     )
     redrive.add_argument("workflow_id", metavar="ID", help="the finished job's workflow ID")
-    redrive.add_argument("--id", help="workflow ID of the new job (default: ID-redrive-<random>)")
+    redrive.add_argument(
+        "--rejected",
+        action="store_true",
+        help="process again only the records ID's files rejected (their lines in its rejects files), from the same "
+        "source versions, once their cause is fixed; those now accepted are written once, beside the rows accepted "
+        "before in a table, or into an output prefix of its own",
+    )
+    redrive.add_argument(
+        "--output-prefix",
+        help="with --rejected: the new job's output prefix (default: _rejected/ under ID's output prefix)",
+    )
+    redrive.add_argument(
+        "--id", help="workflow ID of the new job (default: ID-redrive-<random>, with --rejected ID-rejected-<random>)"
+    )
     redrive.add_argument("--task-queue", help="task queue of the workers (default: the finished job's)")
     redrive.add_argument("--wait", action="store_true", help="follow the new job with a progress bar until it ends")
     redrive.add_argument("--json", action="store_true", help="machine-readable output")

@@ -47,6 +47,7 @@ from s3batch.client.jobs import (
     workers_polling,
 )
 from s3batch.client.redrive import prepare_redrive
+from s3batch.client.redrive_rejected import prepare_rejected_redrive
 from s3batch.client.reports import ended_report, find_report, job_input, report
 from s3batch.client.views import (
     InFlightFile,
@@ -94,6 +95,7 @@ __all__ = [
     "outcome",
     "pause",
     "prepare_redrive",
+    "prepare_rejected_redrive",
     "progress",
     "report",
     "resume",

@@ -46,7 +46,7 @@ def _files_to_redrive(wid: str, job: S3BatchInput, stored: StoredReport) -> tupl
     return files, unlisted
 
 
-async def _check_new_id(client: Client, new_id: str) -> None:
+async def check_new_id(client: Client, new_id: str) -> None:
     """Raises JobIdUsed when ``new_id`` already ran and finished (checked before copying: the copy
     must not replace the report that job redrove)."""
     try:
@@ -96,7 +96,7 @@ async def prepare_redrive(
         )
     files, unlisted = _files_to_redrive(wid, job, stored)
     new_id = new_id or f"{wid}-redrive-{uuid.uuid4().hex[:8]}"
-    await _check_new_id(client, new_id)
+    await check_new_id(client, new_id)
     copy_key = layout.report_copy_key(job.output_prefix, new_id)
     copy_uri = f"s3://{job.output_bucket}/{copy_key}"
     await asyncio.to_thread(copy_report, stored, copy_key)

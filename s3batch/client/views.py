@@ -244,16 +244,21 @@ class RedrivePlan:
     report: str
     """``s3://`` URI of the layout's report, which the new job overwrites when it ends."""
     original_report: str
-    """``s3://`` URI of the copy of the original report."""
+    """``s3://`` URI of the copy of the original report (of a redrive of rejected records: the report itself)."""
+    rejected: int | None = None
+    """A redrive of rejected records: how many records the files redriven had rejected (None: a redrive of files)."""
 
     def counts(self) -> dict[str, int]:
         """Files to process again, by status in the original report."""
         return {s: sum(1 for f in self.files if f.status == s) for s in REDRIVE_STATUSES}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "redrive_of": self.of,
             "files": len(self.files),
             "original_report": self.original_report,
             "report": self.report,
         }
+        if self.rejected is not None:
+            found.update(rejected=self.rejected, output_prefix=self.job.output_prefix)
+        return found

@@ -69,6 +69,7 @@ def open_sink(
     job_id: str,
     bucket: str,
     where: str,
+    rejected_of: str | None = None,
 ) -> Sink:
     """The sink of one file.
 
@@ -79,6 +80,7 @@ def open_sink(
         job_id: The job's workflow ID (stored with a database checkpoint; its mark on the S3 objects written).
         bucket: The source bucket.
         where: ``s3://bucket/key`` of the source (error messages).
+        rejected_of: The job's ``rejected_of`` (a redrive of rejected records: a table keeps its checkpoints apart).
 
     Raises:
         SinkInvalid: A ``postgres`` sink names a connection this worker lacks, or its table does not exist.
@@ -95,4 +97,6 @@ def open_sink(
     from s3batch.sinks.postgres import PostgresOutput
     from s3batch.sinks.postgres_pools import pools_or_default
 
-    return PostgresOutput(spec, output, pools_or_default(pools), job_id=job_id, bucket=bucket, where=where)
+    return PostgresOutput(
+        spec, output, pools_or_default(pools), job_id=job_id, bucket=bucket, where=where, rejected_of=rejected_of
+    )

@@ -79,13 +79,13 @@ def _row_job(sink: PostgresOutput, cp: Checkpoint) -> str | None:
     from psycopg import sql
     from psycopg_pool import PoolTimeout
 
-    from s3batch.sinks.postgres_pools import checkpoint_table, database_error, target_of
+    from s3batch.sinks.postgres_pools import checkpoint_table, database_error
 
     query = sql.SQL(
         "SELECT job_id FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s AND done "
         "AND etag = %s AND fingerprint = %s"
     ).format(checkpoint_table(sink.spec))
-    args = (target_of(sink.spec), sink.bucket, sink.output.key, cp.etag, cp.fingerprint)
+    args = (*sink.row.key, cp.etag, cp.fingerprint)
     try:
         with sink.pool.connection() as conn:
             row = conn.execute(query, args).fetchone()

@@ -90,10 +90,12 @@ class PostgresOutput:
         job_id: The job's workflow ID (stored with the checkpoint, for people).
         bucket: The source bucket.
         where: ``s3://bucket/key`` of the source.
+        rejected_of: The job's ``rejected_of`` (a redrive of rejected records: a checkpoint row of its own).
     """
 
     def __init__(
-        self, spec: PostgresSink, output: FileOutput, pools: PostgresPools, *, job_id: str, bucket: str, where: str
+        self, spec: PostgresSink, output: FileOutput, pools: PostgresPools, *, job_id: str, bucket: str, where: str,
+        rejected_of: str | None = None,
     ) -> None:
         self.spec = spec
         self.output = output
@@ -107,7 +109,7 @@ class PostgresOutput:
         self._pools = pools
         self.columns = pools.columns(spec)
         self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
-        self.row = CheckpointRow(spec, bucket, output.key, job_id, output.is_ours, where)
+        self.row = CheckpointRow(spec, bucket, output.key, job_id, output.is_ours, where, rejected_of)
 
     @property
     def writes_behind(self) -> int:

@@ -13,6 +13,10 @@ options that write other rows), is where a re-import is decided (``check_reimpor
 nothing written) where its rows would be written a second time; with ``on_reimport: replace`` the file's
 earlier rows (found by the identity ``source_column`` holds, of any version of the file) are deleted in that
 chunk's transaction, so they are gone exactly when the new import's first rows are in.
+
+A redrive of rejected records (``rejected_of``) has a row of its own per file (its ``target`` names the report
+redriven: ``target_of``), so the import's row stays as it is; it never deletes a file's earlier rows (they are the
+rows accepted before, which it adds to): ``on_reimport: replace`` refuses there instead.
 """
 
 from __future__ import annotations
@@ -41,12 +45,21 @@ class CheckpointRow:
         job_id: The job's workflow ID (stored with the checkpoint, for people).
         is_ours: Whether a checkpoint is this source version's, with these options.
         where: ``s3://bucket/key`` of the source (error messages).
+        rejected_of: The job's ``rejected_of`` (a redrive of rejected records: a row of its own, see the module).
     """
 
     def __init__(
-        self, spec: PostgresSink, bucket: str, key: str, job_id: str, is_ours: Callable[[Checkpoint], bool], where: str
+        self,
+        spec: PostgresSink,
+        bucket: str,
+        key: str,
+        job_id: str,
+        is_ours: Callable[[Checkpoint], bool],
+        where: str,
+        rejected_of: str | None = None,
     ) -> None:
         self.target = target_of(spec)
+        self.redrive = rejected_of is not None
         self.spec = spec
         self.job_id = job_id
         self.is_ours = is_ours
@@ -54,9 +67,14 @@ class CheckpointRow:
         self.identity_prefix = f"s3://{bucket}/{key}#"
         """What the identity of every version of the file starts with (``identity``)."""
         self._table = checkpoint_table(spec)
-        self._key = (self.target, bucket, key)
+        self._key = (target_of(spec, rejected_of), bucket, key)
         self._turns = int.from_bytes(hashlib.sha256("\0".join(self._key).encode()).digest()[:4], "big", signed=True)
         """The file's advisory lock key (``take_turn``; another file with the same key only waits longer)."""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """The row's primary key: ``(target, source_bucket, source_key)``."""
+        return self._key
 
     def identity(self, etag: str) -> str:
         """The identity of the file's version ``etag`` as rows carry it in ``source_column``:
@@ -126,13 +144,21 @@ class CheckpointRow:
         policy = self.spec.reimport
         if policy == "upsert" or not stored.records_written:
             return
-        if policy == "replace" and stored.source_column == self.spec.source_column:
+        if policy == "replace" and stored.source_column == self.spec.source_column and not self.redrive:
             return
         raise SinkInvalid(self._refusal(stored, job, etag))
 
     def _refusal(self, stored: Checkpoint, job: str, etag: str) -> str:
         """Why a re-import is refused (:meth:`check_reimport`): what the table holds of the file, from which job and
         version, and what to do."""
+        if self.redrive:
+            return (
+                f"{self.where}: its rejected records were not redriven into table {self.target}: a redrive of the same "
+                f"job's rejected records, job {job or '(unknown)'}, wrote {stored.records_written} rows of them with "
+                "other options (or other rejected lines, or another version of the file), and they would be written a "
+                'second time. Nothing was written. Redrive them with that job\'s options, or with "mode": "upsert" and '
+                'a "key" to write over them by key.'
+            )
         held = f"{stored.records_written} rows of it"
         if not stored.done:
             held += f" (an import stopped at record {stored.next_record})"
@@ -205,7 +231,7 @@ class CheckpointRow:
         if cp.chunk == 0:
             if stored is not None and row is not None:
                 self.check_reimport(stored, str(row[1]), cp.etag)
-            if self.spec.reimport == "replace":
+            if self.spec.reimport == "replace" and not self.redrive:
                 self._delete_earlier(conn)
         return stored
 

@@ -172,13 +172,15 @@ def checkpoint_table(spec: PostgresSink) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(CHECKPOINT_TABLE))
 
 
-def target_of(spec: PostgresSink) -> str:
-    """The ``target`` of the sink's checkpoint rows: ``schema.table``."""
-    return f"{spec.schema_name}.{spec.table_name}"
+def target_of(spec: PostgresSink, rejected_of: str | None = None) -> str:
+    """The ``target`` of the sink's checkpoint rows: ``schema.table``; a redrive of rejected records (``rejected_of``)
+    keeps its own apart from the import's: ``schema.table rejected of s3://.../_report.json``."""
+    table = f"{spec.schema_name}.{spec.table_name}"
+    return table if rejected_of is None else f"{table} rejected of {rejected_of}"
 
 
 def stored_checkpoints(
-    pool: ConnectionPool[Any], spec: PostgresSink, bucket: str, keys: Sequence[str]
+    pool: ConnectionPool[Any], spec: PostgresSink, bucket: str, keys: Sequence[str], rejected_of: str | None = None
 ) -> list[tuple[str, Any]]:
     """The checkpoint rows of the files ``keys`` of ``bucket`` written into the sink's table: ``(source_key,
     checkpoint)`` (the checkpoint as stored, JSON; a row created but never advanced holds None). ``bucket``
@@ -196,7 +198,8 @@ def stored_checkpoints(
     try:
         with pool.connection() as conn:
             for start in range(0, len(keys), 1_000):
-                args = (target_of(spec), Jsonb(list(keys[start : start + 1_000])), *([bucket] if bucket else []))
+                batch = Jsonb(list(keys[start : start + 1_000]))
+                args = (target_of(spec, rejected_of), batch, *([bucket] if bucket else []))
                 found += conn.execute(query.format(checkpoint_table(spec)), args).fetchall()
     except psycopg.errors.UndefinedTable:
         return []  # no file of this schema was ever opened: nothing committed
