@@ -7,6 +7,7 @@ server, S3 server and PostgreSQL; the redrives through the real ``s3batch`` comm
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import uuid
@@ -25,9 +26,10 @@ from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.handlers import record_handler
-from s3batch.messages import S3BatchResult
-from s3batch.models import S3BatchInput
+from s3batch.messages import FileResult, FinalReportInput, S3BatchResult, Totals
+from s3batch.models import JobSpec, S3BatchInput
 from s3batch.plugin import S3BatchPlugin
+from s3batch.report import JobReport, ReportFile, assemble_report
 from s3batch.s3io import make_client
 from tests.helpers import run, wait_for
 from tests.helpers.jobs import new_id
@@ -376,3 +378,57 @@ async def test_a_job_without_rejects_has_nothing_to_redrive(
     await run_job(client, task_queue, job(src, out, handler=CODES), wid)
     r = await run("s3batch", "redrive", "--rejected", wid)
     assert r.code == 3 and "rejected no record" in r.stderr and "nothing to redrive" in r.stderr, r
+
+
+async def test_csv_and_gzip_records_are_redriven_by_their_lines(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, pg_worker: Worker
+) -> None:
+    """A CSV big enough for the fast path (the import) with quoted line breaks, and the same file gzip-compressed
+    (read again from its start): the redrive, by the exact parser, takes exactly the records on the rejected lines."""
+    src, out = buckets
+    lines, rows = ["id,code,note"], []
+    for i in range(3_000):
+        code = f"c-{i}" if i % 97 == 0 else f"c{i}"
+        note = f"two\nlines {i}" if i % 5 == 0 else f"note {i} " + "x" * 20
+        rows.append({"id": str(i), "code": code, "note": note})
+        lines.append(f'{i},{code},"{note}"' if "\n" in note else f"{i},{code},{note}")
+    body = ("\n".join(lines) + "\n").encode()
+    assert len(body) > 64 * 1024  # read by the fast CSV path in the import
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=body)
+    s3.put_object(Bucket=src, Key="in/b.csv.gz", Body=gzip.compress(body))
+    FIXED["codes"] = False
+    wid = new_id("codes-csv")
+    result = await run_job(client, task_queue, job(src, out, handler=CODES, chunk_records=500), wid)
+    rejected = [r for r in rows if "-" in r["code"]]
+    assert result.totals.rejected == 2 * len(rejected)
+    FIXED["codes"] = True
+    r = await redrive_rejected(wid, new_id("again"), "--json")
+    assert r.code == 0, r
+    want = [{**r, "code": r["code"].upper()} for r in rejected]
+    for key in ("in/a.csv", "in/b.csv.gz"):
+        assert read_jsonl(s3, out, f"{AGAIN}{key}/") == want, key
+        done = entry(report(s3, out, AGAIN), key)
+        assert (done["records"], done["records_written"], done["rejected"]) == (len(rejected), len(rejected), 0)
+
+
+def test_a_cancelled_redrive_of_rejected_records_reports_the_files_it_never_listed() -> None:
+    """Cancelled before its listing ended: the files with rejects it had not listed are its ``not_started`` files,
+    and its listing is done (a redrive of it picks them up from its report)."""
+    redriven = JobReport(
+        job_id="import-1",
+        files=[
+            ReportFile(key="in/a.csv", status="succeeded", rejected=2, records=5),
+            ReportFile(key="in/b.csv", status="succeeded", records=5),
+            ReportFile(key="in/c.csv", status="failed", rejected=5, records=5),
+        ],
+    )
+    job = JobSpec.model_validate({"bucket": "in-b", "output_bucket": "out-b", "output_prefix": "o/_rejected/",
+                                  "rejected_of": "s3://out-b/o/_report.json"})  # fmt: skip
+    done = FileResult(key="in/a.csv", etag="e", status="succeeded", records=2, records_written=2)
+    totals = Totals(files_listed=1, files_succeeded=1, records=2, records_written=2)
+    req = FinalReportInput(job_id="r-1", job=job, status="cancelled", totals=totals, segments=0, files=[done],
+                           listing_done=False, continuation_token="1")  # fmt: skip
+    rep = assemble_report(req, [], redriven)
+    assert [(f.key, f.status) for f in rep.files] == [("in/a.csv", "succeeded"), ("in/c.csv", "not_started")]
+    assert rep.listing.done and (rep.totals.files_listed, rep.totals.files_not_started) == (2, 1)
+    assert not rep.accounting_errors
