@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import sys
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -87,7 +88,11 @@ class RejectedLines:
         secret = settings.checkpoint_secret.get_secret_value().encode() or None
         found: list[int] = []
         others: set[str] = set()
+        beat = time.monotonic()
         for key in _rejects_keys(s3, bucket, folder):
+            if time.monotonic() - beat >= 1.0:  # many rejects files: alive, the details as they were (a hint)
+                activity.heartbeat(*activity.info().heartbeat_details)
+                beat = time.monotonic()
             try:
                 got = s3.get_object(Bucket=bucket, Key=key)
                 metadata = got.get("Metadata", {})

@@ -18,15 +18,19 @@ from typing import Any
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from pydantic import ValidationError
+from s3batch.activities.rejected import RejectedLines
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA, Checkpoint, checkpoint_mac
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
+from s3batch.errors import NotFound, SourceChanged
 from s3batch.handlers import record_handler
-from s3batch.messages import FileResult, FinalReportInput, S3BatchResult, Totals
+from s3batch.messages import FileResult, FinalReportInput, ObjectRef, ProcessFileInput, S3BatchResult, Totals
 from s3batch.models import JobSpec, S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.report import JobReport, ReportFile, assemble_report
@@ -432,3 +436,45 @@ def test_a_cancelled_redrive_of_rejected_records_reports_the_files_it_never_list
     assert [(f.key, f.status) for f in rep.files] == [("in/a.csv", "succeeded"), ("in/c.csv", "not_started")]
     assert rep.listing.done and (rep.totals.files_listed, rep.totals.files_not_started) == (2, 1)
     assert not rep.accounting_errors
+
+
+def test_the_lines_are_those_of_the_rejects_of_the_listed_version_and_trusted(
+    s3: Any, buckets: tuple[str, str]
+) -> None:
+    """What the activity reads: the rejects files of the file's folder written for the listed ETag (a stale one of
+    another version is left out; with a checkpoint secret, one without a valid HMAC too), a line once; the identity
+    changes with the lines. Rejects all of another version: SourceChanged; none: NotFound."""
+    src, out = buckets
+    folder = f"{OUT}in/a.jsonl/"
+
+    def rejects(name: str, etag: str, lines: list[int], secret: bytes | None = None) -> None:
+        raw = Checkpoint(etag=etag, fingerprint="f", chunk=1).model_dump_json()
+        metadata = {CHECKPOINT_METADATA: raw}
+        if secret is not None:
+            metadata[CHECKPOINT_MAC_METADATA] = checkpoint_mac(secret, out, folder + name, raw)
+        body = b"".join(json.dumps({"line": n, "reason": "r", "record": {}}).encode() + b"\n" for n in lines)
+        s3.put_object(Bucket=out, Key=folder + name, Body=body, Metadata=metadata)
+
+    def read(etag: str, settings: Settings | None = None) -> RejectedLines | None:
+        obj = ObjectRef(key="in/a.jsonl", etag=etag, size=1)
+        req = ProcessFileInput(job_id="r", bucket=src, obj=obj, output_bucket=out, output_prefix=AGAIN, format="auto",
+                               handler="passthrough", chunk_records=10, max_record_bytes=1024,
+                               rejected_of=f"s3://{out}/{OUT}_report.json")  # fmt: skip
+        return ActivityEnvironment().run(RejectedLines.of, s3, req, "s3://in/a.jsonl", settings or Settings.explicit())
+
+    rejects("rejects-00000.jsonl", "v2", [3, 5])
+    rejects("rejects-00002.jsonl", "v2", [40, 41, 41])
+    rejects("rejects-00001.jsonl", "v1", [7])  # stale: of the version before
+    rejects("part-00000.jsonl", "v2", [99])  # not a rejects file
+    found = read("v2")
+    assert found is not None and list(found.lines) == [3, 5, 40, 41]
+    secret = b"s" * 32
+    rejects("rejects-00003.jsonl", "v2", [50], secret)
+    trusted = read("v2", Settings.explicit(checkpoint_secret=secret.decode()))
+    assert trusted is not None and list(trusted.lines) == [50]
+    assert trusted.identity != found.identity
+    with pytest.raises(SourceChanged, match="changed since its records were rejected"):
+        read("v3")
+    s3.delete_objects(Bucket=out, Delete={"Objects": [{"Key": k} for k in list_keys(s3, out, folder)]})
+    with pytest.raises(NotFound, match="no rejects files"):
+        read("v2")
