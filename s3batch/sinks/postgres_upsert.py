@@ -1,5 +1,7 @@
 """The PostgreSQL sink's ``upsert`` mode: a chunk's rows ``COPY``'d into a temporary stage table, then
-``INSERT ... ON CONFLICT (key) DO UPDATE`` from it, the last row of a key winning (:func:`upsert`).
+``INSERT ... ON CONFLICT (key) DO UPDATE`` from it, each key's rows in their order, the last row of a key winning
+(:func:`upsert`). Every row reaches the table, so a row the database refuses is a reject even where a later row
+of its key follows in the chunk: which rows are rejected does not depend on where chunks end.
 
 The stage holds only the written columns, with the table's types (type errors are found at its ``COPY``)
 and none of its constraints, defaults or identity: the ``INSERT`` finds the constraint errors (NOT NULL,
@@ -11,6 +13,7 @@ every row of a table with an identity, ``serial`` or ``DEFAULT now()`` column. S
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any, NamedTuple
 
@@ -34,9 +37,13 @@ def upsert(
 
     The stage's ordinal column is named unlike any written column (:func:`_ordinal_name`). A row whose key is
     NULL is never staged but refused (:class:`NullKey`): a NULL never conflicts, so each re-run would insert it
-    again."""
+    again. The staged rows go in by generation: the n-th statement writes the n-th row of each key (``ON
+    CONFLICT`` cannot touch a row twice in one statement), so each row is checked by the table's constraints and
+    a key's rows are applied in order (a ``DISTINCT ON`` of the key's last row left the rows before it unchecked,
+    counted as written, refused in a chunk of their own)."""
     stage = sql.Identifier("s3batch_stage_" + hashlib.sha256(target.encode()).hexdigest()[:12])
-    ordinal = sql.Identifier(_ordinal_name(columns))
+    ordinal_name = _ordinal_name(columns)
+    ordinal = sql.Identifier(ordinal_name)
     conn.execute(
         sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {}, NULL::bigint AS {} FROM {} WITH NO DATA").format(
             stage, names, ordinal, table
@@ -61,14 +68,23 @@ def upsert(
         if updates
         else sql.SQL("DO NOTHING")
     )
+    generation = sql.Identifier(_ordinal_name([*columns, ordinal_name]))
     insert = sql.SQL(
-        "INSERT INTO {table} ({names}) SELECT DISTINCT ON ({keys}) {names} FROM {stage} "
-        "WHERE {ord} >= %s AND {ord} < %s ORDER BY {keys}, {ord} DESC "
+        "INSERT INTO {table} ({names}) SELECT {names} FROM (SELECT *, row_number() OVER (PARTITION BY {keys} "
+        "ORDER BY {ord}) AS {gen} FROM {stage}) s WHERE {gen} = %s AND {ord} >= %s AND {ord} < %s "
         "ON CONFLICT ({keys}) {action}"
-    ).format(table=table, names=names, keys=keys, stage=stage, ord=ordinal, action=action)
-    before = {i for i, _ in refused}
-    refused += bisect_refused(conn, len(rows), lambda lo, hi: conn.execute(insert, (lo, hi)), skip=before)
+    ).format(table=table, names=names, keys=keys, stage=stage, ord=ordinal, gen=generation, action=action)
+    count = sql.SQL("SELECT max(n) FROM (SELECT count(*) AS n FROM {} GROUP BY {}) c").format(stage, keys)
+    generations = conn.execute(count).fetchone()
+    for n in range(1, int((generations or (None,))[0] or 0) + 1):
+        write = functools.partial(_write_generation, conn, insert, n)
+        refused += bisect_refused(conn, len(rows), write, skip={i for i, _ in refused})
     return sorted(refused, key=lambda r: r[0])
+
+
+def _write_generation(conn: psycopg.Connection[Any], insert: sql.Composed, n: int, lo: int, hi: int) -> None:
+    """Upsert the ``n``-th row of each key among the staged rows ``lo`` to ``hi`` (``insert``: :func:`upsert`'s)."""
+    conn.execute(insert, (n, lo, hi))
 
 
 class _Diag(NamedTuple):
