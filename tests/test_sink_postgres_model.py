@@ -85,6 +85,8 @@ from s3batch.sinks.spec import PostgresSink
 from tests.helpers.output import read_jsonl, report
 
 ROOT = Path(__file__).resolve().parent.parent
+MODULE = f"tests.{Path(__file__).stem}"
+"""This module, as the child processes run it (``python -m``: its handlers, :func:`_child_main`)."""
 
 EXAMPLES = int(os.environ.get("S3BATCH_MODEL_EXAMPLES") or 40)
 """Examples of the state machine (each a fresh table and files); the CI run's few, a longer run's many."""
@@ -439,6 +441,8 @@ the chunk's rejects file (``FileOutput.write_rejects``), before its commit."""
 
 @pytest.fixture
 def write_faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink's rejects write does what :data:`_WRITE_FAULT` says first (a database restart in a chunk's
+    transaction)."""
     original = FileOutput.write_rejects
 
     def write_rejects(self: FileOutput, chunk: int, new: Any, rejects: list[tuple[int, bytes]]) -> None:
@@ -458,7 +462,7 @@ class Child:
 
     def __init__(self, log: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.test_sink_postgres_model"], cwd=ROOT, stdin=subprocess.PIPE,
+            [sys.executable, "-m", MODULE], cwd=ROOT, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=log.open("ab"), text=True,
         )
 
