@@ -355,6 +355,18 @@ def copy_rows(conn: psycopg.Connection[Any], statement: sql.Composed, rows: Sequ
             write(row)
 
 
+def copy_into(
+    conn: psycopg.Connection[Any], table: sql.Composable, columns: list[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """``COPY`` ``rows`` (in ``columns``) into ``table``; with no columns, each an ``INSERT ... DEFAULT VALUES``."""
+    if not columns:
+        for _ in rows:
+            conn.execute(sql.SQL("INSERT INTO {} DEFAULT VALUES").format(table))
+        return
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    copy_rows(conn, sql.SQL("COPY {} ({}) FROM STDIN").format(table, names), rows)
+
+
 def bisect_refused(
     conn: psycopg.Connection[Any],
     n: int,

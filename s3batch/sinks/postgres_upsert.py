@@ -79,6 +79,7 @@ def upsert(
     for n in range(1, int((generations or (None,))[0] or 0) + 1):
         write = functools.partial(_write_generation, conn, insert, n)
         refused += bisect_refused(conn, len(rows), write, skip={i for i, _ in refused})
+    conn.execute(sql.SQL("DROP TABLE {}").format(stage))  # the chunk's next run of rows stages other columns
     return sorted(refused, key=lambda r: r[0])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -50,6 +50,24 @@ def field_names(values: list[Any], where: str, sink: str) -> list[str]:
             named.update(dict.fromkeys(keys))
             last = keys
     return list(named)
+
+
+def runs(values: list[Any], columns: list[str], always: Sequence[str] = ()) -> list[tuple[list[str], int, int]]:
+    """The outputs ``values`` (JSON objects) as runs of consecutive outputs that name the same fields: each run's
+    columns (those of ``columns`` its outputs name, and ``always``, in ``columns``' order), its first output and the
+    one after its last. Written with its run's columns, a field an output lacks is left to the table (the column's
+    default in a new row; an upsert leaves the row's value), as in a chunk of its own: whatever fields the other
+    outputs of its chunk name, which depends on where chunks end."""
+    starts: list[int] = []
+    names: list[list[str]] = []
+    last: Any = None
+    for i, value in enumerate(values):
+        keys = value.keys()
+        if keys != last:  # outputs mostly have the same fields: one run
+            starts.append(i)
+            names.append([c for c in columns if c in keys or c in always])
+            last = keys
+    return list(zip(names, starts, [*starts[1:], len(values)] if starts else [], strict=True))
 
 
 def tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
