@@ -190,6 +190,7 @@ class FileJob:
             attempts=self.info.attempt,
             resumed_from_record=self.resumed_from,
             warnings=warnings or None,
+            version_id=cp.version_id or self.obj.version_id,
             **file_counts(cp, earlier=earlier),
         )
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from s3batch.activities import files
+from s3batch.activities import after_success, files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
 from s3batch.activities.incremental import list_incremental_page, write_ledger
@@ -27,10 +27,12 @@ from temporalio import activity
 
 from s3batch import layout
 from s3batch import search_attributes as sa
+from s3batch.after_success import Archive, Outcome
 from s3batch.config import Settings
 from s3batch.handlers import get_handler
 from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_location
 from s3batch.messages import (
+    AfterSuccessInput,
     FileResult,
     FinalReportInput,
     JobCheck,
@@ -108,6 +110,9 @@ class S3Activities:
             if report:
                 self._report_location(report)
         check_ceilings(self.settings, job.chunk_records, job.max_record_bytes, "the job")
+        archive = job.after_success
+        if isinstance(archive, Archive) and (archive.bucket or job.bucket):  # where the copies go: written
+            check_allowed(self.settings, "outputs", archive.bucket or job.bucket, archive.prefix)
         if isinstance(job.sink, PostgresSink):
             from s3batch.sinks.postgres_pools import check_sink
 
@@ -204,6 +209,13 @@ class S3Activities:
 
     def _pools_for(self, sink: object) -> PostgresPools | None:
         return self.pools if isinstance(sink, PostgresSink) else None
+
+    @activity.defn(name="s3batch.after_success")
+    @boundary()
+    def after_success(self, req: AfterSuccessInput) -> list[Outcome]:
+        """Archive, delete or tag the files that succeeded, exactly the version processed; what became of each
+        (see ``s3batch.activities.after_success``)."""
+        return after_success.act(self.s3, self.settings, req)
 
     # ------------------------------------------------------------------ report
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from s3batch.after_success import AfterSuccess, Outcome
 from s3batch.models import FileStatus, Format, JobSpec, JobStatus, without_nones
 from s3batch.reading import READ_OPTIONS, HeaderOption
 from s3batch.selection import KeyFilter
@@ -70,13 +71,16 @@ class Totals(_Model):
     already_written: int | None = None
     """Records of files an earlier job had written whole with the same options (found done: this job wrote
     none of them, and ``records_written`` does not count them); None: none (and left out)."""
+    after_success: dict[str, int] | None = None
+    """Files by what the job's ``after_success`` did to them: ``archived``, ``deleted``, ``tagged``, ``skipped``
+    (see each file's ``after_success`` for why); None: a job without the option (and left out)."""
 
     @model_serializer(mode="wrap")
     def _omit_none_already(self, handler: SerializerFunctionWrapHandler) -> Any:
         return without_nones(handler(self), _ALREADY)
 
 
-_ALREADY = frozenset({"already_written"})
+_ALREADY = frozenset({"already_written", "after_success"})
 
 
 class JobState(_Model):
@@ -253,7 +257,9 @@ class ReasonCount(_Model):
     count: int
 
 
-_REJECT_FIELDS = frozenset({"reject_ratio", "reject_reasons", "warnings", "splits", "already_written"})
+_REJECT_FIELDS = frozenset(
+    {"reject_ratio", "reject_reasons", "warnings", "splits", "already_written", "version_id", "after_success"}
+)
 
 
 class FileResult(_Model):
@@ -287,6 +293,12 @@ class FileResult(_Model):
     folder held it): the records that job wrote, of which this job wrote none (``records_written`` is 0;
     ``records``, ``rejected`` and ``dropped`` are the file's, as that job counted them). None: this job (its
     earlier attempts included) wrote what ``records_written`` says; a worker older than the field says so too."""
+    version_id: str | None = None
+    """The version processed, on a versioned bucket (pinned by the first read; None: unversioned, or a worker
+    older than the field)."""
+    after_success: Outcome | None = None
+    """What the job's ``after_success`` did to the file (None: nothing was to be done: no such option, or the
+    file did not succeed)."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -296,6 +308,18 @@ class FileResult(_Model):
     def not_started(cls, key: str, etag: str = "") -> FileResult:
         """A file listed (or due to be redriven) that a cancelled job never started."""
         return cls(key=key, etag=etag, status="not_started", attempts=0, error="job cancelled before this file started")
+
+
+class AfterSuccessInput(_Model):
+    """Input of the ``after_success`` activity: the files of one file activity that succeeded."""
+
+    bucket: str
+    """The job's source bucket (an object may carry its own: a manifest's)."""
+    prefix: str
+    """The job's prefix (an archived copy keeps the key's path below it)."""
+    action: AfterSuccess
+    files: list[ObjectRef]
+    """Each file as processed: its listed ETag and the version its reads were pinned to (``version_id``)."""
 
 
 class ReportSegmentInput(_Model):

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from s3batch import layout
+from s3batch.after_success import AfterSuccess, Archive, archive_clash
 from s3batch.incremental import Incremental, ledger_location, ledger_uri
 from s3batch.reading import (
     READ_OPTIONS,
@@ -73,7 +74,7 @@ REJECT_LIMITS = frozenset({"max_rejected_records", "max_rejected_ratio", "max_re
 
 _UNSET_OMITTED = READ_OPTIONS | (
     REJECT_LIMITS | {"sink"} | {"manifest", "include", "exclude", "modified_after", "modified_before"} | {"incremental"}
-    | {"rejected_of"}
+    | {"rejected_of"} | {"after_success"}
 )
 """Job options left out of the input as written when unset: a job without them is written as before."""
 
@@ -203,6 +204,21 @@ class S3BatchInput(BaseModel):
             raise PydanticCustomError(
                 INPUT_ERROR, f"incremental.ledger s3://{bucket}/{key} lies under the source prefix: choose another"
             )
+        return self
+
+    after_success: AfterSuccess | None = None
+    """What becomes of each file that succeeded, once its output is committed (see ``s3batch.after_success``):
+    ``{"action": "archive", "prefix": "archive/"}`` (and ``"bucket"``: copy, then delete), ``{"action": "delete"}``
+    or ``{"action": "tag", "tags": {"s3batch": "done"}}``; only the version processed, never a newer one (None:
+    the files stay as they are)."""
+
+    @model_validator(mode="after")
+    def _archive_elsewhere(self) -> S3BatchInput:
+        option = self.after_success
+        if isinstance(option, Archive):
+            clash = archive_clash(option, self.bucket, self.prefix, self.output_bucket, self.output_prefix)
+            if clash is not None:
+                raise PydanticCustomError(INPUT_ERROR, clash)
         return self
 
     @field_validator("output_prefix")

@@ -183,6 +183,7 @@ class S3BatchPlugin(SimplePlugin):
             acts.list_objects,
             acts.process_file,
             acts.process_group,
+            acts.after_success,
             acts.write_report_segment,
             acts.write_report,
             acts.list_incremental,

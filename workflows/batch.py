@@ -31,6 +31,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
+    from s3batch.workflows.after_success import after_success
     from s3batch.workflows.books import Books, cancelled_result, completed_anyway
     from s3batch.workflows.inputs import parse_job, parse_state
     from s3batch.workflows.ledger import list_page, write_ledger
@@ -298,6 +299,7 @@ class S3BatchWorkflow:
             stopped = self._ending() or over
             results = self._books.failed(group, err, self._spec.max_attempts, stopped=stopped, handing_over=over)
         try:
+            results = await after_success(self._spec, group, results)  # those that succeeded: archived...
             if self._handing_over and not self._ending():
                 self._books.hand_over(group, results, self._spec.bucket)
             else:
@@ -324,6 +326,7 @@ class S3BatchWorkflow:
             ended = await run_splits(spec, obj, count, lambda: self._ending() or self._handing_over)
             over = self._handing_over and not self._ending()  # a hand-over, not a cancel
             outcome = split_outcome(self._books, spec, obj, ended, stopped=self._ending() or over, handing_over=over)
+            outcome = await after_success(spec, [obj], outcome) if outcome else outcome
             if outcome is None:
                 pass  # put back, to be processed whole
             elif over:

@@ -13,6 +13,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.accounting import combine, key_digest
+    from s3batch.after_success import count
     from s3batch.errors import ACCOUNTING_ERROR, describe_failure
     from s3batch.messages import FileResult, JobState, ListObjectsResult, ObjectRef
     from s3batch.rejects import counts_of, with_job_warnings
@@ -93,6 +94,7 @@ class Books:
         totals.dropped += result.dropped
         if result.already_written:  # found done, written by an earlier job (None before the field: left out)
             totals.already_written = (totals.already_written or 0) + result.already_written
+        totals.after_success = count(totals.after_success, result.after_success)  # None without the option
         self.state.warnings = with_job_warnings(self.state.warnings, result)
         if self.state.done_digest is not None:
             self.state.done_digest = combine(self.state.done_digest, key_digest([result.key]))

@@ -31,3 +31,6 @@ FAIL_ALL_REJECTED = "fail-all-rejected"
 """A file in byte-range splits whose every record was rejected, in a job that set neither
 ``max_rejected_records`` nor ``max_rejected_ratio``, is failed (``TooManyRejects``), as a whole file is by its
 activity (before: such a file succeeded with 0 records written)."""
+AFTER_SUCCESS = "after-success"
+"""A job with ``after_success`` archives, deletes or tags each file that succeeded (one activity per file
+activity that ended with succeeded files), before recording its result (jobs before: no such option)."""

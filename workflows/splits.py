@@ -114,6 +114,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
         warnings=warnings or None,
         splits=len(results),
         already_written=sum(r.already_written or 0 for r in results) or None,  # splits found done, an earlier job's
+        version_id=next((r.version_id for r in results if r.version_id), None),
     )
     limits = FileLimits(max_rejected_records=spec.max_rejected_records, max_rejected_ratio=spec.max_rejected_ratio)
     done = status == "succeeded"

@@ -16,6 +16,7 @@ from temporalio.client import Client
 from s3batch import client as api
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
+from s3batch.client import plan
 from s3batch.models import S3BatchInput
 from s3batch.sinks.spec import destination
 from s3batch.validation import describe_validation_error
@@ -178,6 +179,8 @@ async def start_and_follow(
 
 async def cmd_start(args: argparse.Namespace) -> int:
     job = job_from_args(args)  # before connecting: bad input never reaches the server
+    if args.dry_run:
+        return await print_plan(job, as_json=args.json)
     workflow_id = args.id or api.default_workflow_id(job, encrypted=bool(api.environment_keys()))
     client = await api.connect()
     return await start_and_follow(client, job, workflow_id, args.task_queue, wait=args.wait, as_json=args.json)
@@ -222,6 +225,26 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
     return await start_and_follow(
         client, plan.job, plan.workflow_id, plan.task_queue, wait=args.wait, as_json=args.json, extra=plan.to_json()
     )
+
+
+async def print_plan(job: S3BatchInput, *, as_json: bool) -> int:
+    """``start --dry-run``: the files ``job`` would list and what its ``after_success`` would do to each."""
+    files = await plan.plan(job)
+    caveat = plan.caveat(job)
+    if as_json:
+        print_json({"dry_run": True, "files": [f.to_json() for f in files], "caveat": caveat})
+        return EXIT_OK
+    source = job.manifest or f"s3://{job.bucket}/{job.prefix}"
+    count = f"{len(files):,} file(s) under {source} would be processed"
+    out.print(safe_line(("Dry run", "bold"), f": nothing started. {count}"))
+    for f in files:
+        then = f"  then: {f.then}" if f.then else ""
+        out.print(safe_line(f"  s3://{f.bucket}/{f.key} ({f.size:,} bytes){then}"))
+    if job.after_success is not None:
+        out.print(safe_line("  (each only once it succeeded, and only if it is still the version listed)"))
+    if caveat:
+        out.print(safe_line(f"  note: {caveat}"))
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------ status, report, list
@@ -290,6 +313,11 @@ def add_start(commands: argparse._SubParsersAction) -> None:
     start.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
     start.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends")
     start.add_argument("--json", action="store_true", help="machine-readable output")
+    start.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing: list the files the job would process and what --after-success would do to each",
+    )
     start.set_defaults(func=cmd_start)
 
 

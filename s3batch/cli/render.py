@@ -18,6 +18,7 @@ from temporalio.client import Client
 
 from s3batch import client as api
 from s3batch import search_attributes as sa
+from s3batch.after_success import DONE
 from s3batch.cli.output import cell, err_out, out, safe_line
 from s3batch.messages import Progress, S3BatchResult, Totals
 from s3batch.models import S3BatchInput
@@ -33,11 +34,12 @@ def totals_lines(t: Totals | Progress, *, listing_done: bool = True) -> list[str
     done = t.files_succeeded + t.files_failed
     listed = f"{t.files_listed}{'' if listing_done else '+'}"
     already = f", {t.already_written:,} already written by an earlier job" if t.already_written else ""
+    acted: dict[str, int] = getattr(t, "after_success", None) or {}  # a job with after_success (its Totals)
     return [
         f"files    {done} done of {listed} listed ({t.files_succeeded} succeeded, {t.files_failed} failed)",
         f"records  {t.records:,} read: {t.records_written:,} written, {t.rejected:,} rejected{already}; "
         f"{filesize.decimal(t.bytes_read)} read",
-    ]
+    ] + ([f"sources  {', '.join(f'{n:,} {done}' for done, n in sorted(acted.items()))} after success"] if acted else [])
 
 
 def warning_lines(warnings: Sequence[str]) -> list[Text]:
@@ -299,9 +301,12 @@ def print_report(stored: api.StoredReport) -> None:
     for text in warning_lines([*empty, *(f"{f.key}: {w}" for f in report.files for w in f.warnings or ())]):
         out.print(text)
     into_table = (report.input.get("sink") or {}).get("type") == "postgres"
+    after = DONE.get((report.input.get("after_success") or {}).get("action", ""), "acted on")
     for f in report.files:
         if f.already_written:
             out.print(safe_line(("  note     ", "bold"), f"{f.key}: {already_note(f.already_written, into_table)}"))
+        if f.after_success is not None and f.after_success.reason:
+            out.print(safe_line(("  note     ", "bold"), f"{f.key}: not {after}: {f.after_success.reason}"))
     out.print(safe_line(f"  report   {stored.uri}"))
 
 

@@ -65,7 +65,8 @@ async def prepare_rejected_redrive(
     assert stored is not None
     new_id = new_id or f"{wid}-rejected-{uuid.uuid4().hex[:8]}"
     await check_new_id(client, new_id)
-    given = job.model_dump(exclude={"only_failed_of", "incremental", "overwrite_output"})
+    # Its files were processed (and archived, deleted or tagged) by that job: after_success is not done twice.
+    given = job.model_dump(exclude={"only_failed_of", "incremental", "overwrite_output", "after_success"})
     new_prefix = prefix + REJECTED_FOLDER if output_prefix is None else output_prefix
     redrive = S3BatchInput.model_validate({**given, "rejected_of": stored.uri, "output_prefix": new_prefix})
     return RedrivePlan(
