@@ -11,9 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from pydantic import ValidationError
-from temporalio.client import Client
+from s3batch.activities import after_success as archiving
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 from s3batch.after_success import COPY_OF_METADATA
@@ -26,6 +28,7 @@ from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
 from s3batch.messages import Totals
 from s3batch.models import S3BatchInput
+from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.helpers import wait_for
 from tests.helpers.faultproxy import FaultProxy, Rule
@@ -309,3 +312,47 @@ async def test_a_worker_killed_between_copy_and_delete_archives_once(
             assert files[key]["after_success"] == {"done": "archived", "to": f"s3://{archive}/{copy}"}
             assert _body(s3, src, key) is None and _body(s3, archive, copy) == ROWS
             assert _versions(s3, src, key) == []  # on the versioned bucket: that version deleted, no marker left
+
+
+async def test_a_cancel_while_files_are_archived_waits_for_their_archive(
+    client: Client, stack: Stack, task_queue: str, s3: Any, buckets: tuple[str, str]
+) -> None:
+    """The job is cancelled while its file's copy is held (a slow S3): the action is not cut in the middle, and
+    the report says the file was archived."""
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.jsonl", Body=ROWS)
+    job = _job(src, out, {"action": "archive", "bucket": out, "prefix": "archive/"})
+    with FaultProxy(stack.config.s3_port) as proxy:
+        held = proxy.add(Rule("delay", method="PUT", path=rf"^/{out}/archive/", delay=2.0))
+        s3_via_proxy = boto3.session.Session().client("s3", endpoint_url=proxy.url)
+        proxied = await Client.connect(stack.config.temporal_address, plugins=[S3BatchPlugin(s3_via_proxy)])
+        async with Worker(proxied, task_queue=task_queue, activity_executor=ThreadPoolExecutor(4)):
+            handle = await start(client, task_queue, job, "cancel-archive")
+            await wait_for(lambda: held.matched, 30, "the copy to the archive")
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+    rep = report(s3, out)
+    assert rep["status"] == "cancelled" and rep["totals"]["after_success"] == {"archived": 1}
+    [entry] = rep["files"]
+    assert entry["status"] == "succeeded" and entry["after_success"]["done"] == "archived", entry
+    assert _body(s3, src, "in/a.jsonl") is None and _body(s3, out, "archive/a.jsonl") == ROWS
+
+
+async def test_a_file_over_the_copy_limit_is_archived_in_parts(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str], monkeypatch: Any
+) -> None:
+    """Over 5 GiB, one CopyObject cannot copy a file: it is copied in parts (here over 1 MiB, 2 parts of 8 MiB)."""
+    monkeypatch.setattr(archiving, "COPY_OBJECT_LIMIT", 1024 * 1024)
+    src, out = buckets
+    body = b"".join(b'{"id": %d, "pad": "%s"}\n' % (i, b"x" * 100) for i in range(80_000))
+    assert len(body) > 8 * 1024 * 1024
+    s3.put_object(Bucket=src, Key="in/big.jsonl", Body=body, ContentType="application/x-ndjson", Metadata={"m": "1"})
+    job = _job(src, out, {"action": "archive", "bucket": out, "prefix": "archive/"}, chunk_records=100_000)
+    result = await execute(client, task_queue, job, "parts")
+    assert result.totals.after_success == {"archived": 1}
+    head = s3.head_object(Bucket=out, Key="archive/big.jsonl")
+    assert head["ETag"].endswith('-2"'), head["ETag"]  # a multipart copy
+    assert head["ContentType"] == "application/x-ndjson" and head["Metadata"]["m"] == "1"
+    assert COPY_OF_METADATA in head["Metadata"]
+    assert _body(s3, out, "archive/big.jsonl") == body and _body(s3, src, "in/big.jsonl") is None
