@@ -83,7 +83,7 @@ def table_committed(
     found: dict[tuple[str, str], Checkpoint] = {}
     seen: set[tuple[str, str]] = set()
     keys = list(dict.fromkeys(f.key for f in files))
-    pool = pools_or_default(pools).pool(spec.connection)
+    pool = pools_or_default(pools).for_table(spec)
     for key, raw in stored_checkpoints(pool, spec, bucket, keys, rejected_of):
         try:
             cp = Checkpoint.model_validate(raw) if raw is not None else None

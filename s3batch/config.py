@@ -14,13 +14,42 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from s3batch import TASK_QUEUE
+
+
+class PostgresConnection(BaseModel):
+    """The settings of a PostgreSQL connection besides its DSN (docs/SECURITY.md, "The PostgreSQL sink"). From
+    the environment, for connection ``warehouse``: ``S3BATCH_POSTGRES_WAREHOUSE_LOCK_TIMEOUT_SECONDS``,
+    ``..._STATEMENT_TIMEOUT_SECONDS``, ``..._IDLE_IN_TRANSACTION_TIMEOUT_SECONDS``, ``..._TABLES``. The timeouts
+    are the sessions' ``lock_timeout``, ``statement_timeout`` and ``idle_in_transaction_session_timeout``: keep
+    the first two below the jobs' ``heartbeat_timeout_seconds`` (30 s by default), so a file blocked in the
+    database fails its attempt (retried, from the database's checkpoint) before it is taken for a dead worker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    lock_timeout_seconds: float = Field(10.0, gt=0, le=86_400)
+    """Longest wait of one statement for a lock (a ``LOCK TABLE`` or ``ALTER TABLE`` of another session, the
+    file's checkpoint row held): then the chunk is not committed and the file is retried (``SinkError``)."""
+    statement_timeout_seconds: float = Field(20.0, gt=0, le=86_400)
+    """Longest run of one statement (a chunk's ``COPY`` included): then the chunk is not committed and the file
+    is retried (``SinkError``)."""
+    idle_in_transaction_timeout_seconds: float = Field(60.0, gt=0, le=86_400)
+    """The server ends a session idle this long inside a transaction (a worker frozen or cut off while it holds
+    a file's checkpoint row), so its locks do not outlive it."""
+    tables: str = ""
+    """Comma-separated globs of ``schema.table`` a job may write through this connection (``public.*``,
+    ``staging.orders_*``); empty: any. The system schemas (``pg_catalog``, ``information_schema``, ``pg_*``) and
+    the checkpoint table itself are always refused."""
+
+    def table_globs(self) -> list[str]:
+        """The globs of ``tables`` (empty: any table)."""
+        return [g.strip() for g in self.tables.split(",") if g.strip()]
 
 
 class Settings(BaseSettings):
@@ -98,6 +127,9 @@ class Settings(BaseSettings):
     (``Settings.explicit(postgres_dsns={"warehouse": "postgresql://..."})``). From the environment,
     connection ``warehouse`` is ``S3BATCH_POSTGRES_WAREHOUSE_DSN``, or the file that
     ``S3BATCH_POSTGRES_WAREHOUSE_DSN_FILE`` names (see :meth:`postgres_dsn`)."""
+    postgres_connections: dict[str, PostgresConnection] = Field(default_factory=dict)
+    """The other settings of PostgreSQL connections, given in code (``Settings.explicit(postgres_connections=
+    {"warehouse": PostgresConnection(tables="public.*")})``); from the environment, see :meth:`postgres_connection`."""
 
     @classmethod
     def explicit(cls, **values: Any) -> Settings:
@@ -141,6 +173,29 @@ class Settings(BaseSettings):
             return dsn
         path = os.environ.get(variable + "_FILE")
         return Path(path).read_text().strip() or None if path else None
+
+    def postgres_connection(self, name: str) -> PostgresConnection:
+        """The settings of the PostgreSQL connection ``name`` besides its DSN: from ``postgres_connections``, else
+        (settings read from the environment) ``S3BATCH_POSTGRES_<NAME>_<SETTING>`` for each field of
+        :class:`PostgresConnection` (``S3BATCH_POSTGRES_WAREHOUSE_TABLES``), else the defaults.
+
+        Raises:
+            ValueError: A variable's value is not valid (the message names the variable, not the value).
+        """
+        given = self.postgres_connections.get(name)
+        if given is not None:
+            return given
+        prefix = f"S3BATCH_POSTGRES_{name.upper()}_"
+        found = {
+            field: os.environ[prefix + field.upper()]
+            for field in PostgresConnection.model_fields
+            if self._reads_environment and prefix + field.upper() in os.environ
+        }
+        try:
+            return PostgresConnection.model_validate(found)
+        except ValidationError as err:
+            wrong = "; ".join(f"{prefix}{str(e['loc'][0]).upper()}: {e['msg']}" for e in err.errors())
+            raise ValueError(wrong) from None
 
     _reads_environment: ClassVar[bool] = True
     """False for ``Settings.explicit``: DSNs come from ``postgres_dsns`` only."""

@@ -79,7 +79,8 @@ def _row_job(sink: PostgresOutput, cp: Checkpoint) -> str | None:
     from psycopg import sql
     from psycopg_pool import PoolTimeout
 
-    from s3batch.sinks.postgres_pools import checkpoint_table, database_error
+    from s3batch.sinks.postgres_access import checkpoint_table
+    from s3batch.sinks.postgres_session import database_error
 
     query = sql.SQL(
         "SELECT job_id FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s AND done "

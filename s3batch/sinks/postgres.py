@@ -59,9 +59,9 @@ from s3batch.sinks.postgres_pools import (
     bisect_refused,
     carried_over,
     copy_into,
-    database_error,
     target_of,
 )
+from s3batch.sinks.postgres_session import UNUSABLE, database_error
 from s3batch.sinks.postgres_upsert import upsert
 from s3batch.sinks.rows import CsvRows, csv_head, decoded, field_names, runs, tuples
 from s3batch.sinks.spec import PostgresSink
@@ -105,7 +105,7 @@ class PostgresOutput:
         self.bucket = bucket
         self.where = where
         self.target = target_of(spec)
-        self.pool = pools.pool(spec.connection)
+        self.pool = pools.for_table(spec)
         self._pools = pools
         self.columns = pools.columns(spec)
         self._table = sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(spec.table_name))
@@ -186,6 +186,8 @@ class PostgresOutput:
                         raise
             raise AssertionError("unreachable")
         except (psycopg.Error, PoolTimeout) as err:
+            if isinstance(err, UNUSABLE):
+                self._pools.columns(self.spec, fresh=True)  # says which privilege to grant or table to create
             raise database_error(err, "writing", self.spec) from None
 
     def _commit_alongside(
@@ -201,8 +203,9 @@ class PostgresOutput:
         (both ``COPY``s at once, in two backends), then, once the one before has ended (the database waits:
         :meth:`CheckpointRow.take_turn`), the checkpoint advanced where it is exactly ``cp``, so the two commit in
         order. None when this one rolled back instead: the checkpoint was not at ``cp`` (the chunk before refused
-        rows or failed), a row was refused, or the database broke a deadlock with it (a key in both chunks); the
-        caller then writes the chunk again, once the one before is done."""
+        rows or failed), a row was refused, the database broke a deadlock with it (a key in both chunks), or the
+        session's ``lock_timeout`` ended its wait for the one before (a slow chunk); the caller then writes the chunk
+        again, once the one before is done."""
         head = csv_head(values, csv)
         try:
             with self.pool.connection() as conn, conn.transaction():
@@ -212,7 +215,7 @@ class PostgresOutput:
                 if not self.row.advance(conn, new, at=cp):
                     raise _NotAfter
                 self.output.write_rejects(cp.chunk, new, rejects)
-        except (_NotAfter, *ROLLED_BACK, *REFUSED):
+        except (_NotAfter, psycopg.errors.LockNotAvailable, *ROLLED_BACK, *REFUSED):
             return None
         return new
 
@@ -376,9 +379,10 @@ class PostgresOutput:
         for index, err in refused:
             diag = getattr(err, "diag", None)
             state = getattr(diag, "sqlstate", None) or "?"
-            detail = "; ".join(
-                filter(None, (getattr(diag, "message_primary", None), getattr(diag, "message_detail", None)))
-            )
+            said = [getattr(diag, "message_primary", None)]
+            if self.spec.reject_details:  # for foreign keys and exclusions, DETAIL quotes other rows of the table
+                said.append(getattr(diag, "message_detail", None))
+            detail = "; ".join(filter(None, said))
             line = lines[index] if index < len(lines) else new.line
             reason = f"refused by PostgreSQL (table {self.target}, SQLSTATE {state}): {detail or type(err).__name__}"
             summary = f"refused by PostgreSQL: {type(err).__name__} (SQLSTATE {state})"

@@ -22,7 +22,8 @@ rows accepted before, which it adds to): ``on_reimport: replace`` refuses there 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -31,7 +32,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from s3batch.checkpoint import Checkpoint
 from s3batch.errors import SinkError, SinkInvalid
-from s3batch.sinks.postgres_pools import CHECKPOINT_TABLE, checkpoint_table, database_error, target_of
+from s3batch.sinks.postgres_access import CHECKPOINT_TABLE, checkpoint_table
+from s3batch.sinks.postgres_pools import target_of
+from s3batch.sinks.postgres_session import RETRIED, database_error, waited
 from s3batch.sinks.spec import PostgresSink
 
 
@@ -208,16 +211,18 @@ class CheckpointRow:
         select = sql.SQL(
             "SELECT checkpoint, job_id FROM {} WHERE target = %s AND source_bucket = %s AND source_key = %s FOR UPDATE"
         ).format(self._table)
-        row = conn.execute(select, self._key).fetchone()
-        if row is None:  # the file's first chunk (of any version): its row is created, then locked
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, next_record, "
-                    "done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') ON CONFLICT DO NOTHING"
-                ).format(self._table),
-                (*self._key, self.job_id),
-            )
+        with self._waiting():
             row = conn.execute(select, self._key).fetchone()
+            if row is None:  # the file's first chunk (of any version): its row is created, then locked
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (target, source_bucket, source_key, job_id, etag, fingerprint, chunk, "
+                        "next_record, done, checkpoint) VALUES (%s, %s, %s, %s, '', '', 0, 0, false, 'null') "
+                        "ON CONFLICT DO NOTHING"
+                    ).format(self._table),
+                    (*self._key, self.job_id),
+                )
+                row = conn.execute(select, self._key).fetchone()
         stored = Checkpoint.model_validate(row[0]) if row is not None and row[0] is not None else None
         ours = stored is not None and self.is_ours(stored)
         expected = (not ours) if cp.chunk == 0 else (ours and stored is not None and stored.chunk == cp.chunk)
@@ -254,24 +259,35 @@ class CheckpointRow:
     def advance(self, conn: psycopg.Connection[Any], new: Checkpoint, at: Checkpoint | None = None) -> bool:
         """Set the file's checkpoint to ``new`` (with ``at``: only where it is exactly ``at``); whether it was."""
         condition = " AND chunk = %s AND checkpoint = %s::jsonb" if at is not None else ""
-        done = conn.execute(
-            sql.SQL(
-                "UPDATE {} SET job_id = %s, etag = %s, version_id = %s, fingerprint = %s, chunk = %s, "
-                "next_record = %s, byte_offset = %s, done = %s, checkpoint = %s, updated_at = now() "
-                "WHERE target = %s AND source_bucket = %s AND source_key = %s" + condition
-            ).format(self._table),
-            (
-                self.job_id,
-                new.etag,
-                new.version_id,
-                new.fingerprint,
-                new.chunk,
-                new.next_record,
-                new.byte_offset,
-                new.done,
-                new.model_dump_json(),
-                *self._key,
-                *((at.chunk, at.model_dump_json()) if at is not None else ()),
-            ),
+        update = sql.SQL(
+            "UPDATE {} SET job_id = %s, etag = %s, version_id = %s, fingerprint = %s, chunk = %s, "
+            "next_record = %s, byte_offset = %s, done = %s, checkpoint = %s, updated_at = now() "
+            "WHERE target = %s AND source_bucket = %s AND source_key = %s" + condition
+        ).format(self._table)
+        values = (
+            self.job_id,
+            new.etag,
+            new.version_id,
+            new.fingerprint,
+            new.chunk,
+            new.next_record,
+            new.byte_offset,
+            new.done,
+            new.model_dump_json(),
+            *self._key,
+            *((at.chunk, at.model_dump_json()) if at is not None else ()),
         )
-        return done.rowcount == 1
+        with self._waiting():
+            return conn.execute(update, values).rowcount == 1
+
+    @contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """The statements that lock the row: a wait the session's timeouts ended says it was this row's lock (another
+        session holds it, or the checkpoint table: ``waited``), a retryable ``SinkError``."""
+        try:
+            yield
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as err:
+            lock = f"the checkpoint row of {self.where} in {self.spec.schema_name}.{CHECKPOINT_TABLE} (or that table)"
+            told = waited(err, self.spec, lock, f"locking the checkpoint row of {self.where}", RETRIED)
+            assert told is not None
+            raise told from None

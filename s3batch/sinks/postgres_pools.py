@@ -1,7 +1,8 @@
-"""The PostgreSQL sink's connections: the worker's pools (one per connection name, its DSN from the
-worker's environment), the target table's columns, the checkpoint table created next to it (and
-reading its rows back); and the pieces of a chunk's write: ``COPY`` of rows, halving a write down to
-the rows the database refuses, and the checkpoint carried over from the one it committed. See
+"""The PostgreSQL sink's connections: the worker's pools (one per connection name, its DSN and settings from the
+worker's environment), the target table's columns, the checkpoint table created next to it (and reading its rows
+back); and the pieces of a chunk's write: ``COPY`` of rows, halving a write down to the rows the database refuses,
+and the checkpoint carried over from the one it committed. What a job may touch and the role needs:
+:mod:`s3batch.sinks.postgres_access`; the sessions' timeouts and DSN: :mod:`s3batch.sinks.postgres_session`. See
 :mod:`s3batch.sinks.postgres` for the sink itself.
 """
 
@@ -15,51 +16,30 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg import sql
-from psycopg.adapt import Dumper
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from s3batch.checkpoint import Checkpoint
-from s3batch.errors import SinkError, SinkInvalid
-from s3batch.jsonvalues import encode_json
+from s3batch.errors import SinkInvalid
 from s3batch.rejects import merge
+from s3batch.sinks.postgres_access import check_allowed, check_privileges, checkpoint_table, create_checkpoint_table
+from s3batch.sinks.postgres_session import database_error, parse_dsn, session_setup
 from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
-    from s3batch.config import Settings
+    from s3batch.config import PostgresConnection, Settings
 
 COLUMNS_TTL = 30.0
 """Seconds a table's columns are reused before they are looked up again (a column added meanwhile is
 then seen; a file whose output names a column the cache lacks looks again at once)."""
-
-CHECKPOINT_TABLE = "s3batch_checkpoints"
-"""The table of the files' checkpoints, created in the target table's schema when missing."""
-
-_CHECKPOINT_DDL = """
-CREATE TABLE IF NOT EXISTS {table} (
-    target text NOT NULL,
-    source_bucket text NOT NULL,
-    source_key text NOT NULL,
-    job_id text NOT NULL,
-    etag text NOT NULL,
-    version_id text,
-    fingerprint text NOT NULL,
-    chunk integer NOT NULL,
-    next_record bigint NOT NULL,
-    byte_offset bigint,
-    done boolean NOT NULL,
-    checkpoint jsonb NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (target, source_bucket, source_key)
-)
-"""
 
 
 class PostgresPools:
     """The worker's connection pools, one per connection name (opened on first use).
 
     Args:
-        settings: Where the DSNs come from (``Settings.postgres_dsn``).
+        settings: Where the DSNs and the connections' settings come from (``Settings.postgres_dsn``,
+            ``Settings.postgres_connection``).
         max_size: Connections per pool at most (two per activity slot of the worker).
     """
 
@@ -67,6 +47,7 @@ class PostgresPools:
         self.settings = settings
         self.max_size = max_size
         self._pools: dict[str, ConnectionPool[Any]] = {}
+        self._options: dict[str, PostgresConnection] = {}
         self._lock = threading.Lock()
         self._columns: dict[tuple[str, str], tuple[float, TableColumns]] = {}
 
@@ -75,7 +56,8 @@ class PostgresPools:
         :data:`COLUMNS_TTL` seconds per connection and table (a group of small files asks once).
 
         Raises:
-            SinkInvalid: Unknown connection, missing table or key columns.
+            SinkInvalid: Unknown connection, a table the connection may not write, missing table or key columns,
+                privileges the role lacks.
             SinkError: The database cannot be reached.
         """
         return self._table(spec, fresh).names
@@ -96,19 +78,48 @@ class PostgresPools:
         if found is not None and not fresh and time.monotonic() - found[0] < COLUMNS_TTL:
             return found[1]
         try:
-            with self.pool(spec.connection).connection() as conn:
+            with self.for_table(spec).connection() as conn:
                 columns = table_columns(conn, spec)
         except (psycopg.Error, PoolTimeout) as err:
-            raise database_error(err, "opening", spec) from None
+            raise database_error(err, "opening", spec, "retried (nothing was written)") from None
         self._columns[cache_key] = (time.monotonic(), columns)
         return columns
 
-    def pool(self, name: str) -> ConnectionPool[Any]:
-        """The pool of connection ``name``.
+    def for_table(self, spec: PostgresSink) -> ConnectionPool[Any]:
+        """The pool of the sink's connection, once its table is one the connection may write
+        (:func:`~s3batch.sinks.postgres_access.check_allowed`: checked on every call, before any statement).
 
         Raises:
-            SinkInvalid: The worker has no DSN for ``name`` (or cannot read its DSN file).
+            SinkInvalid: The table is refused, or the worker has no DSN for the connection.
         """
+        check_allowed(spec, self.options(spec.connection))
+        return self.pool(spec.connection)
+
+    def options(self, name: str) -> PostgresConnection:
+        """The settings of connection ``name`` besides its DSN (``Settings.postgres_connection``), read once.
+
+        Raises:
+            SinkInvalid: One is not valid (naming the variable).
+        """
+        found = self._options.get(name)
+        if found is None:
+            try:
+                found = self._options[name] = self.settings.postgres_connection(name)
+            except ValueError as err:
+                raise SinkInvalid(
+                    f"the settings of PostgreSQL connection {name!r}: {err}; fix the workers' environment"
+                ) from None
+        return found
+
+    def pool(self, name: str) -> ConnectionPool[Any]:
+        """The pool of connection ``name`` (its DSN parsed once; each session's timeouts set:
+        :mod:`s3batch.sinks.postgres_session`).
+
+        Raises:
+            SinkInvalid: The worker has no DSN for ``name`` (or cannot read its DSN file, or parse it), or a setting of
+                the connection is not valid.
+        """
+        options = self.options(name)
         with self._lock:
             found = self._pools.get(name)
             if found is not None:
@@ -128,13 +139,13 @@ class PostgresPools:
                     "or name another connection"
                 )
             pool: ConnectionPool[Any] = ConnectionPool(
-                dsn,
+                kwargs=parse_dsn(name, dsn),
                 min_size=1,
                 max_size=self.max_size,
                 open=True,
                 name=f"s3batch-{name}",
                 timeout=30,
-                configure=_configure,
+                configure=session_setup(options),
             )
             self._pools[name] = pool
             return pool
@@ -150,26 +161,6 @@ def pools_or_default(pools: PostgresPools | None) -> PostgresPools:
     if pools is None:
         raise SinkInvalid("a PostgreSQL sink needs the worker's pools (S3Activities.pools); none were given")
     return pools
-
-
-def database_error(
-    err: BaseException,
-    doing: str,
-    spec: PostgresSink,
-    outcome: str = "the chunk was not committed and is retried from the database's checkpoint",
-) -> SinkError:
-    """A database failure as a retryable ``SinkError`` (SQLSTATE and class, never the server's text,
-    which may quote values); ``outcome``: what happens next."""
-    state = getattr(getattr(err, "diag", None), "sqlstate", None)
-    code = f", SQLSTATE {state}" if state else ""
-    return SinkError(
-        f"PostgreSQL connection {spec.connection!r} failed while {doing} table {spec.table} "
-        f"({type(err).__name__}{code}); {outcome}"
-    )
-
-
-def checkpoint_table(spec: PostgresSink) -> sql.Composed:
-    return sql.SQL("{}.{}").format(sql.Identifier(spec.schema_name), sql.Identifier(CHECKPOINT_TABLE))
 
 
 def target_of(spec: PostgresSink, rejected_of: str | None = None) -> str:
@@ -190,7 +181,7 @@ def stored_checkpoints(
         SinkError: The database cannot be reached.
     """
     found: list[tuple[str, Any]] = []
-    # The keys as one JSON array: the pool's connections dump a list as JSON text (``_configure``).
+    # The keys as one JSON array: the pool's connections dump a list as JSON text (``postgres_session.session_setup``).
     where = "target = %s AND source_key IN (SELECT jsonb_array_elements_text(%s))" + (
         " AND source_bucket = %s" if bucket else ""
     )
@@ -224,11 +215,12 @@ _GENERATED = {"a": "GENERATED ALWAYS AS IDENTITY", "s": "GENERATED ALWAYS AS (..
 
 
 def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> TableColumns:
-    """The columns of the target table, in order, and which it always generates; creates the checkpoint table
-    when missing.
+    """The columns of the target table, in order, and which it always generates; checks the role's privileges
+    (:func:`~s3batch.sinks.postgres_access.check_privileges`) and creates the checkpoint table when missing.
 
     Raises:
-        SinkInvalid: The table does not exist, or the upsert key names a column it lacks or always generates.
+        SinkInvalid: The table does not exist, the upsert key names a column it lacks or always generates, or the
+            role lacks a privilege the sink needs.
     """
     rows = conn.execute(
         "SELECT a.attname, a.attidentity::text || a.attgenerated::text FROM pg_attribute a "
@@ -264,11 +256,8 @@ def table_columns(conn: psycopg.Connection[Any], spec: PostgresSink) -> TableCol
             f"the sink's upsert key ({', '.join(spec.key)}) is not a primary key or unique index of table "
             f"{spec.schema_name}.{spec.table_name}: ON CONFLICT needs one; add it, or use mode 'insert'"
         )
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL(_CHECKPOINT_DDL).format(table=checkpoint_table(spec)))
-    except psycopg.errors.UniqueViolation:
-        pass  # created at the same moment by another worker
+    if not check_privileges(conn, spec):
+        create_checkpoint_table(conn, spec)
     return TableColumns(columns, generated)
 
 
@@ -285,11 +274,12 @@ def _has_unique_index(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool
 
 
 def check_sink(spec: PostgresSink, pools: PostgresPools) -> None:
-    """At the start of a job: the connection is known and reachable, the table exists, ``source_column`` is a
-    text column of it.
+    """At the start of a job: the connection is known and reachable, the table is one it may write and exists, the
+    role has the privileges the sink needs, ``source_column`` is a text column of the table.
 
     Raises:
-        SinkInvalid: Unknown connection, missing table or key columns, a ``source_column`` that is no text column.
+        SinkInvalid: Unknown connection, a table refused, missing table or key columns, privileges the role lacks,
+            a ``source_column`` that is no text column.
         SinkError: The database cannot be reached.
     """
     pools.columns(spec)
@@ -304,7 +294,7 @@ _TEXT_TYPES = ("text", "character varying")
 def _check_source_column(spec: PostgresSink, pools: PostgresPools) -> None:
     """``source_column`` is a text (or varchar) column of the table."""
     try:
-        with pools.pool(spec.connection).connection() as conn:
+        with pools.for_table(spec).connection() as conn:
             row = conn.execute(
                 "SELECT format_type(a.atttypid, NULL) FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s "
@@ -324,19 +314,6 @@ def _check_source_column(spec: PostgresSink, pools: PostgresPools) -> None:
             f"the sink's source_column {spec.source_column!r} of table {table} is not a text column (it is {row[0]}): "
             "it holds each row's file, s3://bucket/key#etag; name a text or varchar column"
         )
-
-
-class _JsonText(Dumper):
-    """Objects and arrays of the handler's output as their JSON text (for json/jsonb/text columns)."""
-
-    def dump(self, obj: Any) -> bytes:
-        return encode_json(obj)
-
-
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Each pooled connection: JSON objects and arrays are given to ``COPY`` as JSON text."""
-    conn.adapters.register_dumper(dict, _JsonText)
-    conn.adapters.register_dumper(list, _JsonText)
 
 
 REFUSED = (psycopg.errors.DataError, psycopg.errors.IntegrityError)

@@ -70,6 +70,10 @@ class PostgresSink(BaseModel):
     source_column: Identifier | None = None
     """A text column of the table the sink fills, on every row it writes, with the file's identity:
     ``s3://bucket/key#etag`` (the handler's field of that name is replaced). Needed by ``replace``."""
+    reject_details: bool = False
+    """Whether the reason of a row the database refuses carries PostgreSQL's DETAIL text as well as its message
+    (``Key (id)=(7) already exists.``). Off by default: for foreign-key and exclusion constraints DETAIL quotes
+    values of other rows already in the table, and rejects files are read by whoever reads the output."""
 
     @model_validator(mode="after")
     def _key_with_upsert(self) -> PostgresSink:
@@ -93,6 +97,8 @@ class PostgresSink(BaseModel):
             for name in ("on_reimport", "source_column"):
                 if data.get(name, 0) is None:
                     del data[name]
+            if data.get("reject_details") is False:
+                del data["reject_details"]
         return data
 
     @property
