@@ -19,8 +19,15 @@ from s3batch.workflows.batch import S3BatchWorkflow
 from s3batch.workflows.books import Books
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
-from temporalio.exceptions import ActivityError, CancelledError, RetryState, TimeoutError, TimeoutType
-from temporalio.worker import Replayer, Worker
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    RetryState,
+    TimeoutError,
+    TimeoutType,
+)
+from temporalio.worker import Worker
 
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
@@ -33,6 +40,7 @@ from s3batch.s3io import make_client
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv, put_files
+from tests.helpers.history import activity_summaries, assert_runs_replay, cancel_requested, runs_of
 from tests.helpers.jobs import new_id, slow_job
 from tests.helpers.output import read_jsonl, report
 
@@ -49,6 +57,8 @@ GATES: dict[str, tuple[int, threading.Event]] = {}
 REACHED: set[str] = set()
 """Source buckets whose big file reached its gate (a loaded machine may start it too late for the first run's
 hand-over to find it there)."""
+FAIL_AFTER_GATE: set[str] = set()
+"""Source buckets whose big file's first attempt fails once through its gate (a fault a retry passes)."""
 
 
 @chunk_handler("straggler_slow")
@@ -59,6 +69,8 @@ def straggler_slow(records: Sequence[Record]) -> HandlerResult:
     if gate is not None and context.key == BIG and context.chunk == gate[0]:
         REACHED.add(context.bucket)
         gate[1].wait(120)
+        if context.bucket in FAIL_AFTER_GATE and context.attempt == 1:
+            raise RuntimeError("a transient fault (the test's)")
     time.sleep(0.05)
     return HandlerResult([r.value for r in records], [])
 
@@ -86,53 +98,9 @@ async def _start(
     )
 
 
-async def _runs(client: Client, handle: WorkflowHandle[Any, Any]) -> list[list[Any]]:
-    """The events of each run of the job, first run first, following continue-as-new."""
-    runs: list[list[Any]] = []
-    run_id = handle.first_execution_run_id or handle.result_run_id
-    while run_id:
-        events = (await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()).events
-        runs.append(list(events))
-        last = events[-1]
-        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-            break
-        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-    return runs
-
-
-async def _file_activities(client: Client, events: list[Any]) -> dict[int, str]:
-    """The file scheduled by each activity of a run (its summary is the file's key), by event ID."""
-    converter = client.data_converter.payload_converter
-    found: dict[int, str] = {}
-    for e in events:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.HasField("user_metadata"):
-            found[e.event_id] = converter.from_payload(e.user_metadata.summary, str)
-    return found
-
-
-def _cancel_requested(events: list[Any]) -> set[int]:
-    """Scheduled-event IDs of the activities the run asked to stop."""
-    return {
-        e.activity_task_cancel_requested_event_attributes.scheduled_event_id
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
-    }
-
-
 async def _hand_over_requested(handle: WorkflowHandle[Any, Any]) -> bool:
     """The job's current run has asked an activity to stop (a hand-over)."""
-    return bool(_cancel_requested(list((await handle.fetch_history()).events)))
-
-
-async def _assert_runs_replay(client: Client, handle: WorkflowHandle[Any, Any], runs: list[list[Any]]) -> None:
-    """Every run of the job (``runs``: :func:`_runs`'s) replays with the current workflow code."""
-    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
-    for events in runs[:-1]:
-        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
-    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
-    for run_id in chain_ids:
-        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
-        assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
+    return bool(cancel_requested(list((await handle.fetch_history()).events)))
 
 
 def _check_every_file_once(result: S3BatchResult, s3: Any, out: str) -> dict[str, dict[str, Any]]:
@@ -174,21 +142,21 @@ async def test_straggler_is_handed_over_and_the_next_runs_fill_the_slots(
     # activity has no heartbeat of its own), never from the start.
     assert entries[BIG]["resumed_from_record"] > 0, entries[BIG]
 
-    runs = await _runs(client, handle)
+    runs = await runs_of(client, handle)
     legs = []  # (run, stopped for a hand-over) of each activity of the big file
     for index, events in enumerate(runs):
-        stopped = _cancel_requested(events)
-        legs += [(index, sid in stopped) for sid, key in (await _file_activities(client, events)).items() if key == BIG]
+        stopped = cancel_requested(events)
+        legs += [(index, sid in stopped) for sid, key in (activity_summaries(client, events)).items() if key == BIG]
     assert len({run for run, _ in legs}) >= 2, f"the big file ran in one run only: {legs}"
     # Each leg but the last was asked to stop (the last may have been too, finishing its last chunk).
     assert all(stopped for _, stopped in legs[:-1]), legs
     # Small files started in the runs after the first hand-over, beside the big file: the slots were used.
     first_hand_over = legs[0][0]
-    later = [key for events in runs[first_hand_over + 1 :] for key in (await _file_activities(client, events)).values()]
+    later = [key for events in runs[first_hand_over + 1 :] for key in (activity_summaries(client, events)).values()]
     assert set(SMALLS) & set(later), "no small file ran beside the handed-over big file"
 
     # The new history (a hand-over: marker, timer, activity cancel) replays with the current code.
-    await _assert_runs_replay(client, handle, runs)
+    await assert_runs_replay(client, handle, runs)
 
 
 async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the_same_splits(
@@ -218,20 +186,20 @@ async def test_a_straggler_in_splits_is_handed_over_and_the_next_run_resumes_the
     assert big["splits"] == 2 and big["records"] == BIG_ROWS, big
     assert big["resumed_from_record"] > 0, big  # its splits resumed from their checkpoints, not from the start
 
-    runs = await _runs(client, handle)
+    runs = await runs_of(client, handle)
     legs = []  # (run, split, stopped for a hand-over) of each activity of the big file
     for index, events in enumerate(runs):
-        stopped = _cancel_requested(events)
-        for sid, summary in (await _file_activities(client, events)).items():
+        stopped = cancel_requested(events)
+        for sid, summary in (activity_summaries(client, events)).items():
             if summary.startswith(BIG):
                 legs.append((index, summary[len(BIG) :], sid in stopped))
     assert {split for _, split, _ in legs} == {" (split 1 of 2)", " (split 2 of 2)"}, legs  # the same two
     legged = sorted({run for run, _, _ in legs})
     assert len(legged) >= 2, f"the big file's splits ran in one run only: {legs}"
     assert all(stopped for run, _, stopped in legs if run < legged[-1]), legs  # stopped in every run but its last
-    later = [key for events in runs[legged[0] + 1 :] for key in (await _file_activities(client, events)).values()]
+    later = [key for events in runs[legged[0] + 1 :] for key in (activity_summaries(client, events)).values()]
     assert set(SMALLS) & set(later), "no small file ran beside the handed-over splits"
-    await _assert_runs_replay(client, handle, runs)
+    await assert_runs_replay(client, handle, runs)
 
 
 async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its_committed_records(
@@ -260,7 +228,7 @@ async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its
         await handle.result()
     assert isinstance(failure.value.cause, CancelledError)
 
-    runs = await _runs(client, handle)
+    runs = await runs_of(client, handle)
     assert len(runs) == 1, "the job was cancelled in the run handing over: it never continued as new"
     rep = report(s3, out)
     assert rep["status"] == "cancelled"
@@ -282,6 +250,42 @@ async def test_cancel_during_a_hand_over_reports_the_big_file_cancelled_with_its
     assert sum(e["status"] == "succeeded" for e in entries.values()) == FILES_PER_RUN - 1
 
 
+async def test_a_straggler_whose_attempt_fails_as_the_hand_over_stops_it_is_handed_over_not_failed(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
+) -> None:
+    """The big file's attempt fails (a fault a retry passes) just after the run asked it to stop, before it learnt
+    so: the server retries no activity it was asked to stop, but the file did not fail: it is handed over like any
+    straggler, and the next run resumes it (before: recorded failed with 9 attempts left, the job failed)."""
+    src, out = buckets
+    _put_job_files(s3, src)
+    gate = threading.Event()
+    GATES[src] = (3, gate)  # held in its chunk 3 until the run asks it to stop, then fails there
+    FAIL_AFTER_GATE.add(src)
+    job = slow_job(src, out, handler="straggler_slow", max_concurrent_files=1).model_dump(mode="json")
+    try:
+        handle = await _start(client, task_queue, src, out, "strag-fails", job=job)
+        # Held there before the small files start (its last heartbeat sent long before the hand-over asks it to
+        # stop: it cannot learn so before it fails).
+        await wait_for(lambda: src in REACHED, 60, "the big file held in its chunk 3")
+        await handle.execute_update(S3BatchWorkflow.set_concurrency, 4)
+        await wait_for(lambda: _hand_over_requested(handle), 60, "the first run asking the big file to stop")
+    finally:
+        gate.set()
+        del GATES[src]
+    result = await handle.result()
+    FAIL_AFTER_GATE.discard(src)
+
+    entries = _check_every_file_once(result, s3, out)
+    assert entries[BIG]["status"] == "succeeded" and entries[BIG]["resumed_from_record"] > 0, entries[BIG]
+    runs = await runs_of(client, handle)
+    # Its attempt failed in the run that handed it over, and the server did not retry it.
+    failed = [e for e in runs[0] if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED]
+    assert [e.activity_task_failed_event_attributes.retry_state for e in failed] == [
+        RetryState.CANCEL_REQUESTED.value
+    ], failed
+    await assert_runs_replay(client, handle, runs)
+
+
 async def test_without_the_hand_over_a_full_run_waits_for_its_big_file(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker
 ) -> None:
@@ -291,9 +295,9 @@ async def test_without_the_hand_over_a_full_run_waits_for_its_big_file(
     handle = await _start(client, task_queue, src, out, "no-hand-over", hand_over=False)
     result = await handle.result()
     assert result.status == "succeeded" and result.totals.files_succeeded == 1 + len(SMALLS)
-    runs = await _runs(client, handle)
-    assert not any(_cancel_requested(events) for events in runs), "a file was asked to stop"
-    legs = [key for events in runs for key in (await _file_activities(client, events)).values() if key == BIG]
+    runs = await runs_of(client, handle)
+    assert not any(cancel_requested(events) for events in runs), "a file was asked to stop"
+    legs = [key for events in runs for key in (activity_summaries(client, events)).values() if key == BIG]
     assert legs == [BIG], "the big file ran in one activity"
     assert report(s3, out)["files"] and _check_report_books(report(s3, out))[BIG]["resumed_from_record"] == 0
     assert_exactly_once(s3, out, f"o/{BIG}/", BIG_ROWS)
@@ -349,8 +353,8 @@ async def test_a_handed_over_file_into_postgres_resumes_from_the_checkpoint_in_t
     assert result.totals.records_written == total
     ids = [int(r[0]) for r in pg.execute(f"SELECT id FROM public.{table} ORDER BY id")]  # type: ignore[call-overload]
     assert ids == [*range(BIG_ROWS), *range(100_000, 100_000 + SMALL_ROWS * len(SMALLS))], "each row exactly once"
-    runs = await _runs(client, handle)
-    legs = [i for i, ev in enumerate(runs) for key in (await _file_activities(client, ev)).values() if key == BIG]
+    runs = await runs_of(client, handle)
+    legs = [i for i, ev in enumerate(runs) for key in (activity_summaries(client, ev)).values() if key == BIG]
     assert len(set(legs)) >= 2, f"the big file ran in one run only: {legs}"
     big = _check_report_books(report(s3, out))[BIG]
     assert big["resumed_from_record"] > 0 and big["records_written"] == BIG_ROWS, big
@@ -454,6 +458,33 @@ def test_a_file_whose_worker_is_lost_during_a_hand_over_is_handed_over_not_faile
     assert stopped.status == "cancelled"
     # Outside a hand-over a timeout that ran out of attempts is a failure, as before.
     [failed] = books.failed([big], _timed_out(), 10, stopped=False, handing_over=False)
+    assert failed.status == "failed"
+
+
+def _failed_as_stopped(*, non_retryable: bool) -> ActivityError:
+    err = ActivityError(
+        "activity error", scheduled_event_id=5, started_event_id=6, identity="w", activity_type="t",
+        activity_id="1", retry_state=RetryState.CANCEL_REQUESTED,
+    )
+    err.__cause__ = ApplicationError("handler raised RuntimeError", type="HandlerError", non_retryable=non_retryable)
+    return err
+
+
+def test_an_attempt_that_fails_as_a_hand_over_stops_it_is_stopped_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server retries no activity it was asked to cancel: an attempt failing meanwhile ends it (retry state
+    # CANCEL_REQUESTED). A hand-over hands it over; failed for good, or a job's cancel, it is failed as before.
+    import types
+
+    import s3batch.workflows.books as books_module
+
+    monkeypatch.setattr(books_module, "workflow", types.SimpleNamespace(patched=lambda _patch: True))  # no workflow
+    books = Books(JobState())
+    big = _ref("big")
+    [stopped] = books.failed([big], _failed_as_stopped(non_retryable=False), 10, stopped=True, handing_over=True)
+    assert stopped.status == "cancelled"
+    [failed] = books.failed([big], _failed_as_stopped(non_retryable=True), 10, stopped=True, handing_over=True)
+    assert failed.status == "failed"
+    [failed] = books.failed([big], _failed_as_stopped(non_retryable=False), 10, stopped=True, handing_over=False)
     assert failed.status == "failed"
 
 

@@ -1,6 +1,6 @@
 """The job's books: what each file activity reported, added to the totals and key digests carried
 from run to run, and the check that they add up (no file lost or counted twice). Pure bookkeeping:
-nothing here issues a workflow command."""
+nothing here issues a workflow command (but a patch's marker, :func:`retry_cut`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, i
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
+    from s3batch.workflows.patches import HAND_OVER_FAILED_ATTEMPT
+
     from s3batch.accounting import combine, key_digest
     from s3batch.after_success import count
-    from s3batch.errors import ACCOUNTING_ERROR, describe_failure
+    from s3batch.errors import ACCOUNTING_ERROR, NON_RETRYABLE_TYPES, describe_failure
     from s3batch.messages import FileResult, JobState, ListObjectsResult, ObjectRef
     from s3batch.rejects import counts_of, with_job_warnings
 
@@ -135,10 +137,11 @@ class Books:
 
         ``stopped``: the workflow asked the activity to stop (a cancel, ``max_rejected_total``, a hand-over).
         ``handing_over``: for a hand-over, an activity that timed out meanwhile (its worker was lost: the
-        server retries no activity it was asked to cancel) is stopped too, not failed: the next run
-        starts it again from its committed checkpoint.
+        server retries no activity it was asked to cancel), or whose attempt failed meanwhile for a reason
+        a retry may pass (:func:`retry_cut`), is stopped too, not failed: the next run starts it again
+        from its committed checkpoint.
         """
-        lost = handing_over and isinstance(err.cause, ActivityTimeout)
+        lost = handing_over and (isinstance(err.cause, ActivityTimeout) or retry_cut(err))
         if stopped and (is_cancelled_exception(err) or lost):
             return [cancelled_result(obj) for obj in group]
         if len(group) == 1:
@@ -208,6 +211,19 @@ class Books:
                 type=ACCOUNTING_ERROR,
                 non_retryable=True,
             )
+
+
+def retry_cut(err: ActivityError) -> bool:
+    """Whether ``err`` is the failure of an attempt that a retry may pass, ending an activity the workflow had
+    asked to stop: the server retries no such activity (retry state ``CANCEL_REQUESTED``), whatever attempts
+    it had left. Asks the ``hand-over-failed-attempt`` patch, only where it changes the outcome (the histories
+    of jobs started before it have no marker there)."""
+    cause = err.cause
+    if err.retry_state != RetryState.CANCEL_REQUESTED or not isinstance(cause, ApplicationError):
+        return False
+    if cause.non_retryable or cause.type in NON_RETRYABLE_TYPES:
+        return False  # it failed for good: no retry would have passed it
+    return workflow.patched(HAND_OVER_FAILED_ATTEMPT)
 
 
 def completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] | None:

@@ -34,3 +34,7 @@ activity (before: such a file succeeded with 0 records written)."""
 AFTER_SUCCESS = "after-success"
 """A job with ``after_success`` archives, deletes or tags each file that succeeded (one activity per file
 activity that ended with succeeded files), before recording its result (jobs before: no such option)."""
+HAND_OVER_FAILED_ATTEMPT = "hand-over-failed-attempt"
+"""A file (or one of its splits) whose attempt failed, for a reason a retry may pass, after a hand-over asked it to
+stop is handed over like the others: the server retries no activity it was asked to cancel, so the failure only
+says the hand-over came first (before: the file was recorded failed, with attempts left)."""

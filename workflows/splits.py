@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.books import Books, cancelled_result, completed_anyway
+    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut
     from s3batch.workflows.patches import FAIL_ALL_REJECTED
     from s3batch.workflows.schedule import start_split_activity
 
@@ -189,6 +189,8 @@ def split_outcome(
     ``handing_over`` as ``Books.failed`` takes them); None when it could not be split and was put back to be
     processed whole (:func:`process_whole`)."""
     results, error = ended
+    if error is not None and handing_over and retry_cut(error):
+        results, error = [*results, cancelled_result(obj)], None  # a retry the hand-over cut short: stopped too
     if error is None:
         return [merged(spec, obj, results)]
     if cannot_split(error) and (handing_over or not stopped):  # a hand-over: the next run processes it whole

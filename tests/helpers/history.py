@@ -1,11 +1,14 @@
-"""A job's workflow history, every run of it."""
+"""A job's workflow history: every run of it, the activities a run scheduled and asked to stop, replaying its runs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Replayer
+
+from s3batch.plugin import S3BatchPlugin
 
 
 async def history_events(client: Client, workflow_id: str) -> list[Any]:
@@ -25,3 +28,48 @@ def scheduled_activities(events: list[Any]) -> list[str]:
         for e in events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]
+
+
+async def runs_of(client: Client, handle: WorkflowHandle[Any, Any]) -> list[list[Any]]:
+    """The events of each run of a job so far, first run first, following continue-as-new."""
+    runs: list[list[Any]] = []
+    run_id = handle.first_execution_run_id or handle.result_run_id
+    while run_id:
+        events = (await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()).events
+        runs.append(list(events))
+        last = events[-1]
+        if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            break
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return runs
+
+
+def activity_summaries(client: Client, events: list[Any]) -> dict[int, str]:
+    """The summary of each activity a run scheduled (a file activity's: its file's key, and its split), by
+    event ID."""
+    converter = client.data_converter.payload_converter
+    found: dict[int, str] = {}
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED and e.HasField("user_metadata"):
+            found[e.event_id] = converter.from_payload(e.user_metadata.summary, str)
+    return found
+
+
+def cancel_requested(events: list[Any]) -> set[int]:
+    """Scheduled-event IDs of the activities a run asked to stop."""
+    return {
+        e.activity_task_cancel_requested_event_attributes.scheduled_event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    }
+
+
+async def assert_runs_replay(client: Client, handle: WorkflowHandle[Any, Any], runs: list[list[Any]]) -> None:
+    """Every run of the job (``runs``: :func:`runs_of`'s) replays with the current workflow code."""
+    chain_ids = [handle.first_execution_run_id or handle.result_run_id]
+    for events in runs[:-1]:
+        chain_ids.append(events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id)
+    replayer = Replayer(workflows=[], plugins=[S3BatchPlugin(encryption_key=b"")])
+    for run_id in chain_ids:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
