@@ -25,6 +25,7 @@ from temporalio import activity
 from s3batch import layout
 from s3batch.errors import AccountingError
 from s3batch.fingerprints import fingerprint as fingerprint  # re-exported: where it was before
+from s3batch.objects import data_stores
 from s3batch.s3io import any_object, is_missing_object, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:
@@ -337,18 +338,23 @@ class FileOutput:
         metadata = {CHECKPOINT_METADATA: raw, **self.marks}
         if self._secret is not None:
             metadata[CHECKPOINT_MAC_METADATA] = checkpoint_mac(self._secret, self.bucket, key, raw)
-        try:
-            response = self.s3.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=body,
-                ContentType=content_type,
-                **self._put_params,
-                Metadata=metadata,
-            )
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "writing", self.bucket, key)
-        self.known[key[len(self.dir) :]] = (strip_etag(response.get("ETag", "")), cp)
+        stores = None if self._put_params or not raw.isascii() else data_stores(self.s3)
+        if stores is not None:  # the same request, through obstore
+            etag = stores.put(self.bucket, key, body, content_type, metadata)
+        else:
+            try:
+                response = self.s3.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType=content_type,
+                    **self._put_params,
+                    Metadata=metadata,
+                )
+            except (ClientError, BotoCoreError) as err:
+                raise_s3_error(err, "writing", self.bucket, key)
+            etag = response.get("ETag", "")
+        self.known[key[len(self.dir) :]] = (strip_etag(etag), cp)
 
     def ours(self, name: str, chunk: int, kind: OutputKind, etag: str | None) -> Checkpoint | None:
         """The checkpoint of output ``name`` (listed with ``etag``) when it is this version's, else None.

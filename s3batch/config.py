@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     """Read UTF-8 CSV a block at a time with pyarrow where the block provably reads as the exact parser
     reads it (``s3batch.formats.fastcsv``); the same records, rejects and parts either way. False: the
     exact parser alone (``S3BATCH_CSV_FAST_PATH=false``)."""
+    data_client: Literal["obstore", "boto3"] = "obstore"
+    """The client of a file's data requests (its source's GETs, its parts' PUTs): obstore, about a tenth of
+    boto3's CPU a request (``s3batch.objects``; boto3 where obstore is not installed), or boto3 for every
+    request (``S3BATCH_DATA_CLIENT=boto3``). Listing, checkpoints, reports: boto3 either way."""
     checkpoint_secret: SecretStr = SecretStr("")
     """Key of the HMAC stored with each part's checkpoint; parts without a valid one are not trusted
     (reprocessed). Empty: checkpoints are trusted as read (anyone who can write the output prefix

@@ -12,6 +12,7 @@ import fnmatch
 import functools
 import io
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal, NoReturn
 
@@ -40,6 +41,9 @@ _REFUSED_CODES = {"InvalidRequest", "InvalidArgument", "KeyTooLongError", "Inval
 
 STREAM_ERRORS = (ProtocolError, ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, OSError)
 
+OWNERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+"""The expected bucket owner each client of :func:`make_client` sends (empty: none)."""
+
 
 def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | None = None) -> S3Client:
     """An S3 client from boto3's default chain, with retries suited to long batch jobs.
@@ -58,6 +62,7 @@ def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | 
     )
     client = boto3.session.Session().client("s3", config=config)
     owner = Settings().expected_bucket_owner if expected_bucket_owner is None else expected_bucket_owner
+    OWNERS[client] = owner  # the data path's other client sends it too (s3batch.objects)
     if owner:
         # One place for every call (GET, HEAD, PUT, LIST, DELETE, COPY, paginators included): a
         # bucket that another account owns is refused by S3 instead of read or written.
@@ -186,14 +191,22 @@ class RangedReader(io.RawIOBase):
         }
         if self._version_id:
             kwargs["VersionId"] = self._version_id
-        try:
-            response = self._client.get_object(**kwargs)
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "reading", self._bucket, self._key)
-        self._body = response["Body"]
+        from s3batch.objects import data_stores
+
+        stores = data_stores(self._client)
+        if stores is not None:  # the same request, through obstore
+            got = stores.get(
+                self._bucket, self._key, etag=self._etag, start=self._pos, end=end + 1, version_id=self._version_id
+            )
+            self._body, version = got
+        else:
+            try:
+                response = self._client.get_object(**kwargs)
+            except (ClientError, BotoCoreError) as err:
+                raise_s3_error(err, "reading", self._bucket, self._key)
+            self._body, version = response["Body"], response.get("VersionId")
         self._window_end = end + 1
         self._checked = True
-        version = response.get("VersionId")
         if self._version_id is None and version and version != "null":
             self._version_id = version  # pin the version this read started on
 
@@ -327,7 +340,8 @@ def open_object(
         window=window,
         on_bytes=on_bytes,
     )
-    return io.BufferedReader(raw, buffer_size=1024 * 1024)
+    # A small object's buffer is its size: a 1 MiB one for each 1 KB file is a fresh mapping per file.
+    return io.BufferedReader(raw, buffer_size=max(8192, min(1024 * 1024, size - start)))
 
 
 # ---------------------------------------------------------------------------- worker-side limits

@@ -1,0 +1,229 @@
+"""The data path's S3 requests (a source's ranged GETs, a part's PUT) through obstore, where it can take them.
+
+A small file costs a GET and a PUT; in boto3 each costs 1-4 ms of the worker's CPU (event hooks, signing,
+response parsing: issue 31, ``docs/PERFORMANCE.md``), several times the file's own work. obstore (Rust
+``object_store`` bindings) makes the same request for about a tenth of that. It is used for those two
+requests only; everything else (listing, HEADs of checkpoints, deletes, reports, manifests) stays on the
+boto3 client, and so does the configuration: the endpoint, region, credentials (boto3's own chain, asked
+again as they expire), the expected bucket owner, come from boto3. The requests carry the same conditions
+(``If-Match`` with the listed ETag, ``VersionId``) and the same user metadata, and their errors become the
+same s3batch errors (:func:`s3batch.s3io.raise_s3_error`).
+
+``S3BATCH_DATA_CLIENT=boto3`` (or obstore not installed) keeps every request on boto3. A PUT with
+server-side encryption options, or with metadata that is not ASCII, goes through boto3 as well.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections import Counter
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+
+from botocore import UNSIGNED
+from botocore.exceptions import ClientError
+
+from s3batch.s3io import OWNERS, raise_s3_error
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, S3Config, S3Store
+
+    from s3batch.s3io import S3Client
+
+
+class Got(NamedTuple):
+    """An answered GET: its body (read with ``read(n)``) and the version it read (None: unversioned)."""
+
+    body: Any
+    version_id: str | None
+
+
+class _Body:
+    """A GET's body as ``read(n)``, over obstore's stream of chunks (the same shape as boto3's body)."""
+
+    def __init__(self, result: Any) -> None:
+        self._chunks = iter(result.stream(min_chunk_size=256 * 1024))
+        self._left = memoryview(b"")
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._left:
+            try:
+                self._left = memoryview(next(self._chunks))
+            except StopIteration:
+                return b""
+            except Exception as err:  # noqa: BLE001 - obstore's errors: a broken stream, retried by the reader
+                raise OSError(f"reading the response body: {err}") from None
+        data = self._left if n < 0 else self._left[:n]
+        self._left = self._left[len(data) :]
+        return bytes(data)
+
+    def close(self) -> None:
+        self._chunks = iter(())
+
+
+class DataStores:
+    """obstore stores (one per bucket) made from a boto3 client's configuration.
+
+    Args:
+        client: The worker's boto3 S3 client: its endpoint and region are used, its session's credential chain.
+        owner: The expected bucket owner sent on every request (``x-amz-expected-bucket-owner``), or empty.
+    """
+
+    def __init__(self, client: S3Client, owner: str) -> None:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+
+        self._endpoint = client.meta.endpoint_url
+        self._region = client.meta.region_name or "us-east-1"
+        # An unsigned client (public buckets) signs nothing here either.
+        session = boto3.session.Session(region_name=self._region)
+        unsigned = client.meta.config.signature_version is UNSIGNED
+        self._credentials = None if unsigned else Boto3CredentialProvider(session)
+        self._owner = owner
+        config = client.meta.config
+        retries = config.retries or {}
+        attempts = retries.get("total_max_attempts") or retries.get("max_attempts", 4) + 1
+        # The client's timeouts and retries (a user's own client may have others than make_client's): a read
+        # stalled for read_timeout fails and is retried, as in botocore; the whole request has no limit of its own.
+        self._options = {"connect_timeout": f"{config.connect_timeout}s", "read_timeout": f"{config.read_timeout}s",
+                         "timeout": "3600s"}
+        self._retry = {"max_retries": max(0, int(attempts) - 1)}
+        self._stores: dict[str, S3Store] = {}
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        """Requests made, by kind (``GetObject``, ``PutObject``): the accounting of a file's cost."""
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.counts[kind] += 1
+
+    def _store(self, bucket: str) -> S3Store:
+        store = self._stores.get(bucket)
+        if store is not None:
+            return store
+        from obstore.store import S3Store
+
+        with self._lock:
+            store = self._stores.get(bucket)
+            if store is None:
+                options: ClientConfig = {**self._options}  # type: ignore[typeddict-item]
+                # A checksum of each PUT's body, checked by S3 (boto3 sends a CRC32): an upload damaged on the way
+                # fails instead of storing other bytes.
+                config: S3Config = {
+                    "region": self._region,
+                    "skip_signature": self._credentials is None,
+                    "checksum_algorithm": "SHA256",
+                }
+                if self._endpoint and not self._endpoint.endswith(".amazonaws.com"):
+                    # A custom endpoint (path-style requests, as boto3), the boto3 client's even where
+                    # AWS_ENDPOINT_URL_S3 says another (obstore reads the environment too, and that would win).
+                    config["endpoint"] = config["aws_endpoint_url_s3"] = self._endpoint
+                    options["allow_http"] = self._endpoint.startswith("http://")
+                if self._owner:
+                    options["default_headers"] = {"x-amz-expected-bucket-owner": self._owner}
+                store = self._stores[bucket] = S3Store(
+                    bucket,
+                    config=config,
+                    client_options=options,
+                    retry_config=self._retry,  # type: ignore[arg-type]
+                    credential_provider=self._credentials,
+                )
+        return store
+
+    def get(
+        self, bucket: str, key: str, *, etag: str | None, start: int, end: int | None, version_id: str | None = None
+    ) -> Got:
+        """GET ``bucket/key`` bytes ``start`` to ``end`` (exclusive; None: to its end), on condition that it still
+        has ``etag`` (and ``version_id``). Raises ``NotFound`` / ``SourceChanged`` as a boto3 GET would."""
+        import obstore
+
+        options: GetOptions = {}
+        if end is not None:
+            options["range"] = (start, end)
+        elif start:
+            options["range"] = {"offset": start}
+        if etag is not None:
+            options["if_match"] = f'"{etag}"'
+        if version_id:
+            options["version"] = version_id
+        self._count("GetObject")
+        try:
+            result = obstore.get(self._store(bucket), key, options=options)
+        except Exception as err:  # noqa: BLE001 - translated below
+            _raise(err, "reading", bucket, key)
+        version = result.meta.get("version")
+        return Got(_Body(result), version if version and version != "null" else None)
+
+    def put(self, bucket: str, key: str, body: bytes, content_type: str, metadata: dict[str, str]) -> str:
+        """PUT ``body`` at ``bucket/key`` with ``metadata`` (user metadata); returns its ETag (quotes stripped)."""
+        import obstore
+
+        attributes: dict[str, str] = {"Content-Type": content_type, **metadata}
+        self._count("PutObject")
+        try:
+            result = obstore.put(self._store(bucket), key, body, attributes=attributes, use_multipart=False)
+        except Exception as err:  # noqa: BLE001 - translated below
+            _raise(err, "writing", bucket, key)
+        return (result.get("e_tag") or "").strip('"')
+
+
+_CODES = {
+    "NotFoundError": "NoSuchKey",
+    "PreconditionError": "PreconditionFailed",
+    "PermissionDeniedError": "AccessDenied",
+    "UnauthenticatedError": "InvalidAccessKeyId",
+}
+
+
+_STATUS_CODES = {"400": "InvalidRequest", "403": "AccessDenied", "404": "NoSuchKey", "412": "PreconditionFailed"}
+
+
+def _raise(err: Exception, action: str, bucket: str, key: str) -> NoReturn:
+    """Raise obstore's ``err`` as the s3batch error boto3's would have become: by S3's error code where its
+    text quotes the answer's, else by its kind or HTTP status (anything else: retryable)."""
+    text = str(err)
+    found = re.search(r"<Code>(\w+)</Code>", text)
+    status = re.search(r"\bstatus:? (\d{3})\b", text)
+    code = found.group(1) if found else _CODES.get(type(err).__name__)
+    if code is None:
+        code = _STATUS_CODES.get(status.group(1), "InternalError") if status else "InternalError"
+    # The text of obstore's error names the request, never the object's bytes.
+    raise_s3_error(ClientError({"Error": {"Code": code, "Message": str(err)[:300]}}, action), action, bucket, key)
+
+
+_ALL: weakref.WeakKeyDictionary[Any, DataStores | None] = weakref.WeakKeyDictionary()
+_ALL_LOCK = threading.Lock()
+
+
+def data_stores(client: S3Client) -> DataStores | None:
+    """The obstore stores for the data requests of ``client`` (made once per client), or None where its data
+    requests stay on boto3 (``S3BATCH_DATA_CLIENT=boto3``, obstore missing, or ``client`` not a boto3 client)."""
+    try:
+        return _ALL[client]
+    except KeyError:
+        pass
+    except TypeError:
+        return None  # cannot be a boto3 client
+    with _ALL_LOCK:
+        if client not in _ALL:
+            _ALL[client] = _make(client)
+        return _ALL[client]
+
+
+def _make(client: S3Client) -> DataStores | None:
+    from s3batch.config import Settings
+
+    meta = getattr(client, "meta", None)
+    if meta is None or getattr(meta, "service_model", None) is None:
+        return None  # a stand-in client (tests)
+    if Settings().data_client != "obstore":
+        return None
+    try:
+        import obstore  # noqa: F401 - only whether it is installed
+    except ImportError:
+        return None
+    # The owner make_client was given (or found in S3BATCH_EXPECTED_BUCKET_OWNER) for its own requests.
+    owner = OWNERS.get(client)
+    return DataStores(client, Settings().expected_bucket_owner if owner is None else owner)

@@ -1,0 +1,124 @@
+"""The cost of a file (issue 31): a small file's requests and heartbeats, and its data requests through obstore
+(``s3batch.objects``) writing exactly what boto3 writes, with the same guarantees (pinned reads, errors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from s3batch.activities.s3_activities import S3Activities
+from temporalio.testing import ActivityEnvironment
+
+from s3batch import layout
+from s3batch.errors import NotFound, SourceChanged
+from s3batch.messages import FileResult, ObjectRef, ProcessFileInput, ProcessGroupInput
+from s3batch.objects import data_stores
+from s3batch.s3io import make_client, open_object
+
+
+def put(s3: Any, bucket: str, key: str, body: bytes) -> ObjectRef:
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    item = s3.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"][0]
+    return ObjectRef(key=key, etag=item["ETag"].strip('"'), size=item["Size"])
+
+
+def group(buckets: tuple[str, str], objs: list[ObjectRef], out: str) -> ProcessGroupInput:
+    src, dst = buckets
+    first = ProcessFileInput(
+        job_id="job-cost", bucket=src, obj=objs[0], output_bucket=dst, output_prefix=out, format="auto",
+        handler="passthrough", chunk_records=1_000, max_record_bytes=1024 * 1024,
+    )
+    return ProcessGroupInput(file=first, more=objs[1:])
+
+
+def run_group(client: Any, req: ProcessGroupInput) -> tuple[list[FileResult], list[tuple[Any, ...]]]:
+    beats: list[tuple[Any, ...]] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    return env.run(S3Activities(client).process_group, req), beats
+
+
+def outputs(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[bytes, str, dict[str, str]]]:
+    """Every object under ``prefix``: (bytes, content type, user metadata), by key below ``prefix``."""
+    found = {}
+    for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+        got = s3.get_object(Bucket=bucket, Key=item["Key"])
+        found[item["Key"][len(prefix) :]] = (got["Body"].read(), got["ContentType"], got["Metadata"])
+    return found
+
+
+def test_a_small_file_costs_one_get_one_put_and_no_heartbeat_of_its_own(
+    s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, out = buckets
+    objs = [put(s3, src, f"small/f{i:02d}.csv", b"id,name\n%d,n%d\n%d,m\n" % (i, i, i + 100)) for i in range(12)]
+    counted = make_client()
+    calls: list[str] = []
+    counted.meta.events.register("before-call.s3.*", lambda event_name, **_: calls.append(event_name.split(".")[-1]))
+    results, beats = run_group(counted, group(buckets, objs, "obstore/"))
+    assert [r.status for r in results] == ["succeeded"] * 12
+    stores = data_stores(counted)
+    assert stores is not None
+    # The data requests through obstore, one GET and one PUT a file; boto3: the group's two LISTs.
+    assert dict(stores.counts) == {"GetObject": 12, "PutObject": 12}
+    assert sorted(calls) == ["ListObjectsV2"] * 2
+    # The group's files share one heartbeat clock: not two heartbeats a file (24 before).
+    assert 1 <= len(beats) <= 4, beats
+
+    monkeypatch.setenv("S3BATCH_DATA_CLIENT", "boto3")
+    plain = make_client()
+    assert data_stores(plain) is None
+    calls.clear()
+    plain.meta.events.register("before-call.s3.*", lambda event_name, **_: calls.append(event_name.split(".")[-1]))
+    results, _ = run_group(plain, group(buckets, objs, "boto3/"))
+    assert [r.status for r in results] == ["succeeded"] * 12
+    assert sorted(calls) == ["GetObject"] * 12 + ["ListObjectsV2"] * 2 + ["PutObject"] * 12
+    # Byte for byte the same output: data, content type, the checkpoint and job mark in the user metadata.
+    through_obstore, through_boto3 = outputs(s3, out, "obstore/"), outputs(s3, out, "boto3/")
+    assert len(through_obstore) == 12
+    assert through_obstore == through_boto3
+
+
+def test_data_reads_are_pinned_to_the_listed_version(s3: Any, buckets: tuple[str, str]) -> None:
+    src, _ = buckets
+    obj = put(s3, src, "pinned.csv", b"id\n1\n2\n")
+    client = make_client()
+    assert data_stores(client) is not None
+    with open_object(client, src, obj.key, etag=obj.etag, size=obj.size, start=3) as body:
+        assert body.read() == b"1\n2\n"  # a ranged GET from a byte on
+    s3.put_object(Bucket=src, Key=obj.key, Body=b"id\n3\n4\n")  # overwritten since it was listed
+    with pytest.raises(SourceChanged), open_object(client, src, obj.key, etag=obj.etag, size=obj.size) as body:
+        body.read()
+    s3.delete_object(Bucket=src, Key=obj.key)
+    with pytest.raises(NotFound), open_object(client, src, obj.key, etag=obj.etag, size=obj.size) as body:
+        body.read()
+
+
+def test_a_group_file_changed_since_listing_fails_alone_through_obstore(s3: Any, buckets: tuple[str, str]) -> None:
+    src, out = buckets
+    objs = [put(s3, src, f"g/f{i}.csv", b"id\n%d\n" % i) for i in range(3)]
+    s3.put_object(Bucket=src, Key=objs[1].key, Body=b"id\n99\n")
+    results, _ = run_group(make_client(), group(buckets, objs, "changed/"))
+    assert [r.status for r in results] == ["succeeded", "failed", "succeeded"]
+    assert (results[1].error or "").startswith("SourceChanged")
+    written = sorted(outputs(s3, out, "changed/"))
+    assert [k.split("/part-")[0] for k in written] == [layout.encode_key(objs[0].key), layout.encode_key(objs[2].key)]
+
+
+def test_put_with_server_side_encryption_options_goes_through_boto3(
+    s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # obstore is given no SSE options: a worker asking for them writes its parts with boto3, as before.
+    src, _ = buckets
+    objs = [put(s3, src, "sse/f.csv", b"id\n1\n")]
+    monkeypatch.setenv("S3BATCH_OUTPUT_SSE", "AES256")
+    client = make_client()
+    calls: list[str] = []
+    client.meta.events.register("before-call.s3.*", lambda event_name, **_: calls.append(event_name.split(".")[-1]))
+    try:
+        results, _ = run_group(client, group(buckets, objs, "sse/"))
+    except Exception as err:  # noqa: BLE001 - SeaweedFS may refuse SSE: then at least boto3 sent it
+        assert "PutObject" in calls, err
+        return
+    assert [r.status for r in results] == ["succeeded"]
+    assert "PutObject" in calls
