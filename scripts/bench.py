@@ -34,6 +34,9 @@ Cases (see issue 6 and docs/PERFORMANCE.md):
   11. one big file in two splits on one worker of two processes allowed two cores vs one (pinned to CPU 0)
   12. (run with 11) one big file in two splits on two workers vs one (one process and slot each)
   13. how the cost grows with file size and with the number of files, against the plain script and loop
+  14. the CPU of one small GET + PUT in each S3 client (boto3, boto3 tuned, obstore, awscrt), side by side
+  15. 2,000 small files with S3 answering in 20 ms (a latency proxy): s3batch vs the plain loop, sequential
+     and on 16 threads
 
 The cases live in ``scripts/benchmark/`` (one module per kind, ``common`` for what they share); the
 naive design of case 6 in ``scripts/benchmark/baselines.py`` (``NaiveFileWorkflow``), whose worker
@@ -70,6 +73,7 @@ from temporalio.client import Client  # noqa: E402
 
 from s3batch.dev.workers import WorkerProcess  # noqa: E402
 from scripts.benchmark.baselines import run_naive_worker  # noqa: E402
+from scripts.benchmark.clients import case_clients  # noqa: E402
 from scripts.benchmark.common import (  # noqa: E402
     MB,
     OUT,
@@ -83,6 +87,7 @@ from scripts.benchmark.common import (  # noqa: E402
 from scripts.benchmark.cores import case_cores  # noqa: E402
 from scripts.benchmark.crash import case_crash  # noqa: E402
 from scripts.benchmark.data import object_size, put_csv  # noqa: E402
+from scripts.benchmark.latency import case_latency  # noqa: E402
 from scripts.benchmark.postgres import case_postgres  # noqa: E402
 from scripts.benchmark.responsiveness import case_responsiveness  # noqa: E402
 from scripts.benchmark.scaling import case_scaling  # noqa: E402
@@ -174,6 +179,8 @@ async def run_cases(b: Bench, cases: list[int], errors: dict[str, str], save: Ca
         (10, lambda: case_straggler(b)),
         (11, lambda: case_cores(b)),
         (13, lambda: case_scaling(b)),
+        (14, lambda: case_clients(b)),
+        (15, lambda: case_latency(b)),
     ]
     for number, step in steps:
         if number not in cases:
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run, figures meaningless)")
     parser.add_argument(
-        "--cases", default="1,2,3,4,5,6,7,8,9,10,11,13", help="comma-separated case numbers (default: all)"
+        "--cases", default="1,2,3,4,5,6,7,8,9,10,11,13,14,15", help="comma-separated case numbers (default: all)"
     )
     parser.add_argument("--json", help="where to write the results (default: .bench/results.json)")
     parser.add_argument("--root", default=str(ROOT / ".bench"), help="working directory (default: .bench)")

@@ -110,7 +110,7 @@ def measure(name: str, files: int, run: Any, client: Any, calls: Counter[str]) -
         stats.add(other)
     stages = profile_by_stage(stats)
     total = sum(stages.values())
-    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]  # type: ignore[attr-defined]
+    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:60]  # type: ignore[attr-defined]
     return {
         "case": name,
         "files": files,

@@ -62,15 +62,20 @@ def plain_small_loop(s3: Any, prefix: str, out_prefix: str) -> tuple[int, int, i
     files = rows = size = 0
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=SRC, Prefix=prefix):
         for item in page.get("Contents", []):
-            text = s3.get_object(Bucket=SRC, Key=item["Key"])["Body"].read().decode()
-            reader = csv.reader(io.StringIO(text, newline=""))
-            header = next(reader)
-            lines = [json.dumps(dict(zip(header, row, strict=True))) for row in reader]
-            s3.put_object(Bucket=OUT, Key=f"{out_prefix}{item['Key']}.jsonl", Body=("\n".join(lines) + "\n").encode())
+            rows += small_file(s3, item["Key"], out_prefix)
             files += 1
-            rows += len(lines)
             size += item["Size"]
     return files, rows, size
+
+
+def small_file(s3: Any, key: str, out_prefix: str) -> int:
+    """One file of the plain loop: GET, csv.reader, json.dumps per row, PUT. Returns its rows."""
+    text = s3.get_object(Bucket=SRC, Key=key)["Body"].read().decode()
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader)
+    lines = [json.dumps(dict(zip(header, row, strict=True))) for row in reader]
+    s3.put_object(Bucket=OUT, Key=f"{out_prefix}{key}.jsonl", Body=("\n".join(lines) + "\n").encode())
+    return len(lines)
 
 
 # ------------------------------------------------------------- the naive Temporal design (case 6)

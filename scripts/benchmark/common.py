@@ -83,6 +83,10 @@ class Sizes:
     """Case 13: rows of the one file of each size step."""
     scale_files: tuple[int, ...] = (100, 1_000, 5_000)
     """Case 13: how many ~1 KB files in each count step."""
+    latency_files: int = 2_000
+    """Case 15: ~1 KB files read and written through the latency proxy."""
+    latency_s: float = 0.020
+    """Case 15: seconds the proxy holds each S3 request (real S3 answers a small GET in 10-30 ms)."""
 
 
 QUICK = Sizes(
@@ -108,6 +112,7 @@ QUICK = Sizes(
     resp_window=4.0,
     resp_cancels=2,
     resp_baseline=False,
+    latency_files=40,
 )
 
 
