@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
 from typing import Any
@@ -9,7 +10,10 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
+from s3batch.client import schedules
 from s3batch.incremental import run_output_prefix
+from s3batch.logs import printable
+from s3batch.models import S3BatchInput
 from tests.helpers import run, wait_for
 
 
@@ -87,3 +91,22 @@ async def test_temporal_cli_schedule_create_as_in_the_readme(
         assert ledger["last_run"] == done[0].id
     finally:
         assert (await run("temporal", "schedule", "delete", "--schedule-id", f"s3batch-{name}")).code == 0
+
+
+async def test_schedule_list_shows_the_servers_strings_escaped(client: Client) -> None:
+    """A schedule's job is the server's string, written by whoever created the schedule: a prefix holding an
+    OSC 52 clipboard write and a window title reaches ``s3batch schedule list`` escaped (issue 36, finding 6),
+    as every other command shows keys and prefixes."""
+    prefix = "in/\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;owned\x07\x1b[2J\r/"
+    job = S3BatchInput(bucket="src-esc", prefix=prefix, output_bucket="out-esc", output_prefix="o/")
+    name = f"esc-{uuid.uuid4().hex[:6]}"
+    await schedules.create(client, name, job, every=datetime.timedelta(hours=1), paused=True)
+    try:
+        listed = await run("s3batch", "schedule", "list")
+        assert listed.code == 0, listed
+        [line] = [line for line in listed.stdout.splitlines() if line.startswith(f"{name}\t")]
+        assert line.split("\t")[1] == "paused" and f"s3://src-esc/{printable(prefix)} -> s3://out-esc/o/" in line
+        for raw in ("\x1b", "\x07", "\r"):
+            assert raw not in listed.stdout + listed.stderr, repr(listed.stdout)
+    finally:
+        await schedules.delete(client, name)

@@ -10,9 +10,10 @@ import re
 from pydantic import ValidationError
 
 from s3batch.cli.jobs import add_job_flags, job_from_args
-from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, print_json
+from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.client import connect
 from s3batch.client import schedules as api
+from s3batch.logs import printable
 from s3batch.models import S3BatchInput
 from s3batch.selection import parse_time
 from s3batch.validation import describe_validation_error
@@ -56,9 +57,11 @@ async def cmd_create(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"schedule_id": api.schedule_id(args.name), "workflow_id": api.run_workflow_id(args.name)})
     else:
-        print(
-            f"Created schedule {api.schedule_id(args.name)}: each run is job "
-            f"{api.run_workflow_id(args.name)}-<tick time> (overlap: {args.overlap})"
+        out.print(
+            safe_line(
+                f"Created schedule {api.schedule_id(args.name)}: each run is job "
+                f"{api.run_workflow_id(args.name)}-<tick time> (overlap: {args.overlap})"
+            )
         )
     return EXIT_OK
 
@@ -69,17 +72,18 @@ async def cmd_list(args: argparse.Namespace) -> int:
         print_json(found)
         return EXIT_OK
     for s in found:
+        # Names, workflow IDs and the job's source and output are the server's strings (whoever may create a
+        # schedule wrote them): shown escaped, as every command shows them, never as terminal controls.
         state = "paused" if s["paused"] else "active"
-        print(
-            f"{s['name']}\t{state}\tnext {(s['next'] or ['-'])[0]}\tlast {(s['recent'] or ['-'])[-1]}\t{s['job']}"
-        )
+        fields = (s["name"], state, f"next {(s['next'] or ['-'])[0]}", f"last {(s['recent'] or ['-'])[-1]}", s["job"])
+        print("\t".join(printable(field) for field in fields))  # tab-separated: plain print, each field escaped
     return EXIT_OK
 
 
 async def cmd_action(args: argparse.Namespace) -> int:
     client = await connect()
     await getattr(api, args.action)(client, args.name)
-    print(f"{args.action}: schedule {api.schedule_id(args.name)}")
+    out.print(safe_line(f"{args.action}: schedule {api.schedule_id(args.name)}"))
     return EXIT_OK
 
 
@@ -101,12 +105,14 @@ async def cmd_backfill(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"schedule_id": api.schedule_id(args.name), "workflow_ids": started})
         return EXIT_OK
-    print(
-        f"backfill of schedule {api.schedule_id(args.name)} from {start.isoformat()} to {end.isoformat()}: "
-        f"{len(started)} run(s), one after the other:"
+    out.print(
+        safe_line(
+            f"backfill of schedule {api.schedule_id(args.name)} from {start.isoformat()} to {end.isoformat()}: "
+            f"{len(started)} run(s), one after the other:"
+        )
     )
     for workflow_id in started:
-        print(f"  {workflow_id}")
+        out.print(safe_line(f"  {workflow_id}"))
     return EXIT_OK
 
 
