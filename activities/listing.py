@@ -10,11 +10,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.messages import ListObjectsInput, ListObjectsResult, ObjectRef
 from s3batch.report import fetch_report, redrive_plan
-from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
+from s3batch.s3io import allows, is_missing_object, not_allowed, raise_s3_error, strip_etag
 from s3batch.selection import KeyFilter
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.config import Settings
 
 
 def list_page(
@@ -84,7 +86,7 @@ class RedrivePlans:
         return plan
 
 
-def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan) -> ListObjectsResult:
+def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan, settings: Settings) -> ListObjectsResult:
     """A page of the files to redrive from an earlier job's report, pinned to their current version:
     those that failed, were cancelled or never started, then, when that job was cancelled before
     its listing ended, the rest of its listing (from where it stopped); of a redrive of rejected records,
@@ -92,6 +94,9 @@ def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan) ->
 
     Continuation tokens: ``"<n>"`` is the n-th file of the report to redrive, ``"s3:<token>"`` a
     position in the rest of the listing (``"s3:"`` its start).
+
+    Each key the report names is checked against the worker's allowed sources (``settings``) before it is
+    looked up: the report lies in an output, which others may be able to write.
     """
     keys, rest = plan
     token = req.continuation_token or "0"
@@ -100,7 +105,10 @@ def list_redrive_page(s3: S3Client, req: ListObjectsInput, plan: RedrivePlan) ->
         return page.model_copy(update={"next_token": None if page.next_token is None else f"s3:{page.next_token}"})
     start = int(token)
     objects = []
+    allowed = allows(settings, "sources")
     for key in keys[start : start + req.page_size]:
+        if not allowed(req.bucket, key):
+            raise not_allowed(settings, "sources", f"s3://{req.bucket}/{key}")
         try:
             head = s3.head_object(Bucket=req.bucket, Key=key)
             objects.append(ObjectRef(key=key, etag=strip_etag(head["ETag"]), size=head["ContentLength"]))

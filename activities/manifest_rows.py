@@ -22,11 +22,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.errors import InvalidInput
 from s3batch.formats.parquet import PinnedFile
-from s3batch.s3io import open_object, raise_s3_error, strip_etag
+from s3batch.s3io import allows, check_allowed, not_allowed, open_object, raise_s3_error, strip_etag
 from s3batch.selection import split_s3_uri
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.config import Settings
 
 _WINDOW = 1024 * 1024
 """Bytes a ranged GET of a plain data file asks for at a time (a page of 1,000 rows is some 100 KB)."""
@@ -63,10 +65,17 @@ def _get(s3: S3Client, bucket: str, key: str, what: str) -> Any:
         raise_s3_error(err, f"reading {what}", bucket, key)
 
 
-def data_files(s3: S3Client, uri: str) -> tuple[list[DataFile], str]:
+def data_files(s3: S3Client, uri: str, settings: Settings) -> tuple[list[DataFile], str]:
     """The data files of the manifest ``uri`` (one for a plain list, read at the version returned) and
-    the manifest's version (its ETag)."""
+    the manifest's version (its ETag).
+
+    The manifest and each data file an inventory's ``destinationBucket`` and ``files`` name must be
+    allowed sources of this worker (``S3BATCH_ALLOWED_SOURCES``), checked before any is read: whoever
+    writes a manifest under an allowed prefix cannot make the worker read elsewhere. A refused data
+    file is named by its place in the manifest, not by its bucket and key.
+    """
     bucket, key = split_s3_uri(uri)
+    check_allowed(settings, "sources", bucket, key)
     lowered = key.lower().removesuffix(".gz")
     plain = "csv" if lowered.endswith(".csv") else "jsonl" if lowered.endswith((".jsonl", ".ndjson")) else None
     if plain is not None:
@@ -93,6 +102,10 @@ def data_files(s3: S3Client, uri: str) -> tuple[list[DataFile], str]:
         raise manifest_error(uri, f"lists {fmt.upper()} data files: s3batch reads CSV and Parquet inventories")
     if fmt == "csv" and not {"Bucket", "Key"} <= set(columns):
         raise manifest_error(uri, "has a fileSchema without Bucket and Key")
+    allowed = allows(settings, "sources")
+    for i, f in enumerate(files):
+        if not allowed(destination, f):
+            raise not_allowed(settings, "sources", f"the data file that destinationBucket and files[{i}] of {uri} name")
     return [DataFile(destination, f, f"inventory-{fmt}", columns) for f in files], strip_etag(response["ETag"])
 
 
@@ -188,12 +201,21 @@ class DataFileRows:
     """The rows of one data file after its row ``after``, in order, as ``(row number, row)``; the row
     None where it names no object to process (a header, a delete marker, a version that is not the
     latest), so row numbers stay the file's. Its streams close with ``stack`` (the page's) unless the
-    file is left open for the next page."""
+    file is left open for the next page.
+
+    A row naming an object this worker may not read (``settings``' ``S3BATCH_ALLOWED_SOURCES``) raises
+    ``InvalidInput`` naming the row, not the object, before anything looks the object up."""
 
     def __init__(
-        self, s3: S3Client, data: DataFile, stack: contextlib.ExitStack, after: int, positions: ManifestPositions
+        self,
+        s3: S3Client,
+        data: DataFile,
+        stack: contextlib.ExitStack,
+        after: int,
+        positions: ManifestPositions,
+        settings: Settings,
     ) -> None:
-        self.s3, self.data, self.after, self.positions = s3, data, after, positions
+        self.s3, self.data, self.after, self.positions, self.settings = s3, data, after, positions, settings
         if data.pinned is not None:
             self.etag, self.size = data.pinned
         else:
@@ -214,8 +236,12 @@ class DataFileRows:
         stack.callback(lambda: None if self._left_open else cursor.stack.close())
 
     def __iter__(self) -> Iterator[tuple[int, Row | None]]:
+        allowed = allows(self.settings, "sources")
         for n, row in self.cursor:
             if n > self.after:
+                if row is not None and not allowed(row.bucket, row.key):
+                    where = f"the object that row {n} of s3://{self.data.bucket}/{self.data.key} names"
+                    raise not_allowed(self.settings, "sources", where)
                 yield n, row
 
     def page_ended(self, row: int) -> bool:

@@ -21,6 +21,12 @@ size, and one missing in S3 is listed with the ETag ``"deleted"``: its file acti
 ``NotFound``, so it is reported as a failed file, the job goes on. The job's filters apply to the
 rows (keys, and the modification time HEAD gives).
 
+Every object a manifest names is an object the worker reads: the data files an inventory's
+``destinationBucket`` and ``files`` name, and each row's object (HEADed here, processed later), are
+checked against the worker's ``S3BATCH_ALLOWED_SOURCES`` before any request for them, at the job's
+start and on every page (a data file may change between the two). A refused one fails the job with
+``InvalidInput`` naming where in the manifest it is named (never its bucket and key).
+
 Continuation token: ``"<data file>:<row>:<bucket>"``, the position after the last row of the page
 (rows of a data file are counted from its start) and the bucket of the manifest's rows (empty until
 the first row). The next page does not read the rows before it again (:class:`ManifestPositions`): a
@@ -49,6 +55,8 @@ from s3batch.selection import KeyFilter
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+    from s3batch.config import Settings
+
 _HEADS = 16
 """HEAD requests in flight while a page is looked up."""
 
@@ -74,10 +82,13 @@ def _look_up(s3: S3Client, row: Row) -> tuple[ObjectRef, Any]:
     return ref, head.get("LastModified")
 
 
-def list_manifest_page(s3: S3Client, req: ListObjectsInput, positions: ManifestPositions) -> ListObjectsResult:
-    """The next page (at most ``req.page_size`` objects) of the manifest ``req.manifest``."""
+def list_manifest_page(
+    s3: S3Client, req: ListObjectsInput, positions: ManifestPositions, settings: Settings
+) -> ListObjectsResult:
+    """The next page (at most ``req.page_size`` objects) of the manifest ``req.manifest``; every object
+    it names checked against the worker's ``settings`` (allowed sources) before it is looked up."""
     assert req.manifest is not None
-    files, version = data_files(s3, req.manifest)
+    files, version = data_files(s3, req.manifest, settings)
     if req.manifest_version is not None and version != req.manifest_version:
         raise manifest_error(
             req.manifest,
@@ -92,7 +103,7 @@ def list_manifest_page(s3: S3Client, req: ListObjectsInput, positions: ManifestP
     more = False
     with contextlib.ExitStack() as stack:
         while file_index < len(files):
-            reader = DataFileRows(s3, files[file_index], stack, row_index, positions)
+            reader = DataFileRows(s3, files[file_index], stack, row_index, positions, settings)
             it = iter(reader)
             for n, row in it:
                 if row is None:
@@ -133,7 +144,7 @@ def _two_buckets(uri: str, bucket: str, row: Row, data: DataFile, n: int) -> Inv
     )
 
 
-def check_manifest(s3: S3Client, uri: str) -> str:
+def check_manifest(s3: S3Client, uri: str, settings: Settings) -> str:
     """At the start of a job: the manifest can be read, names objects of one bucket, and each key once.
     Its version (ETag), which every page of the job's listing checks.
 
@@ -143,14 +154,15 @@ def check_manifest(s3: S3Client, uri: str) -> str:
     repeated hash are read again to name them).
 
     Raises:
-        InvalidInput: A data file is not readable, or the rows name two buckets or a key twice.
+        InvalidInput: A data file is not readable, or the rows name two buckets or a key twice, or an
+            object this worker may not read (``settings``' allowed sources; named by its row).
     """
-    files, version = data_files(s3, uri)
+    files, version = data_files(s3, uri, settings)
     hashes = array.array("Q")
     bucket = ""
     for data in files:
         with contextlib.ExitStack() as stack:
-            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions()):
+            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions(), settings):
                 if row is not None:
                     bucket = bucket or row.bucket
                     if row.bucket != bucket:
@@ -158,21 +170,21 @@ def check_manifest(s3: S3Client, uri: str) -> str:
                     hashes.append(hash(row.key) & _HASH_MASK)
     column = pa.Array.from_buffers(pa.uint64(), len(hashes), [None, pa.py_buffer(hashes)])
     if len(pc.unique(column)) < len(hashes):
-        _refuse_repeats(s3, uri, files, column)
+        _refuse_repeats(s3, uri, files, column, settings)
     return version
 
 
 _HASH_MASK = (1 << 64) - 1
 
 
-def _refuse_repeats(s3: S3Client, uri: str, files: list[DataFile], column: Any) -> None:
+def _refuse_repeats(s3: S3Client, uri: str, files: list[DataFile], column: Any, settings: Settings) -> None:
     """Name the keys the manifest repeats (where their hashes repeat: none, when the hashes collided)."""
     counts = pc.value_counts(column)
     repeated = set(counts.field("values").filter(pc.greater(counts.field("counts"), 1)).to_pylist())
     rows: dict[str, list[str]] = {}
     for data in files:
         with contextlib.ExitStack() as stack:
-            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions()):
+            for n, row in DataFileRows(s3, data, stack, 0, ManifestPositions(), settings):
                 if row is not None and hash(row.key) & _HASH_MASK in repeated:
                     rows.setdefault(row.key, []).append(f"row {n} of {data.key}")
     twice = {key: where for key, where in rows.items() if len(where) > 1}

@@ -120,7 +120,7 @@ class S3Activities:
         manifest_version = None
         try:
             if job.manifest:
-                manifest_version = check_manifest(self.s3, job.manifest)
+                manifest_version = check_manifest(self.s3, job.manifest, self.settings)
             else:
                 self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
         except (ClientError, BotoCoreError) as err:
@@ -163,12 +163,12 @@ class S3Activities:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
         if req.manifest:
             check_allowed(self.settings, "sources", *split_s3_uri(req.manifest))
-            return list_manifest_page(self.s3, req, self.manifest_positions)
+            return list_manifest_page(self.s3, req, self.manifest_positions, self.settings)
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         if req.report:
             location = self._report_location(req.report)
             plan = self.redrive_plans.plan(self.s3, *location, req.prefix, rejected=bool(req.rejected))
-            return list_redrive_page(self.s3, req, plan)
+            return list_redrive_page(self.s3, req, plan, self.settings)
         return list_page(self.s3, req.bucket, req.prefix, req.page_size, req.continuation_token, req.selection)
 
     def _report_location(self, uri: str) -> tuple[str, str]:
@@ -286,6 +286,7 @@ class S3Activities:
     def write_ledger(self, req: WriteLedgerInput) -> str:
         """After the report: advance the ledger over the run's files that succeeded (idempotent)."""
         check_allowed(self.settings, "outputs", *ledger_location(req.ledger))
+        check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)  # the run's report and pages
         return write_ledger(self.s3, req, self._put_ledger)
 
     def _put_ledger(self, bucket: str, key: str, body: bytes, etag: str | None) -> None:

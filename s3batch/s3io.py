@@ -11,6 +11,7 @@ import contextlib
 import fnmatch
 import functools
 import io
+import re
 import time
 import weakref
 from collections.abc import Callable
@@ -356,8 +357,21 @@ def allowed(settings: Settings, kind: Literal["sources", "outputs"], bucket: str
     matching ``/``). A glob ending with ``*`` that matches a prefix matches every key under it too,
     so a job's prefix is checked once; each file is checked again on its own key.
     """
-    globs = settings.allowed(kind)
-    return not globs or any(fnmatch.fnmatchcase(f"{bucket}/{prefix}", g) for g in globs)
+    return allows(settings, kind)(bucket, prefix)
+
+
+def allows(settings: Settings, kind: Literal["sources", "outputs"]) -> Callable[[str, str], bool]:
+    """:func:`allowed` for many objects (a manifest's rows): the globs compiled once."""
+    pattern = _globs(tuple(settings.allowed(kind)))
+    if pattern is None:
+        return lambda bucket, key: True
+    return lambda bucket, key: pattern.match(f"{bucket}/{key}") is not None
+
+
+@functools.lru_cache(maxsize=16)
+def _globs(globs: tuple[str, ...]) -> re.Pattern[str] | None:
+    # fnmatch.translate anchors each glob at the end (\Z), and match() anchors it at the start.
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs)) if globs else None
 
 
 def check_allowed(
@@ -371,11 +385,26 @@ def check_allowed(
     """Raise a non-retryable ``InvalidInput`` unless ``bucket/prefix`` is allowed for ``kind`` (or ``also``)."""
     if allowed(settings, kind, bucket, prefix) or (also is not None and allowed(settings, also, bucket, prefix)):
         return
+    raise not_allowed(settings, kind, f"s3://{bucket}/{prefix}", also=also)
+
+
+def not_allowed(
+    settings: Settings,
+    kind: Literal["sources", "outputs"],
+    where: str,
+    *,
+    also: Literal["sources", "outputs"] | None = None,
+) -> InvalidInput:
+    """The ``InvalidInput`` of :func:`check_allowed` for ``where``, which the worker may not use for ``kind``.
+
+    ``where`` is the object's ``s3://`` name, or what names it where that name is no part of what the job
+    was given (an object a manifest names: the refused bucket and key are not repeated into workflow
+    history, errors or the report)."""
     variables = " or ".join(_ALLOW_VARIABLES[k] for k in (kind, also) if k)
     globs = ", ".join(settings.allowed(kind) + (settings.allowed(also) if also else []))
     what = "read from" if kind == "sources" else "write to"
-    raise InvalidInput(
-        f"this worker may not {what} s3://{bucket}/{prefix}: it is not matched by {variables} ({globs}). "
+    return InvalidInput(
+        f"this worker may not {what} {where}: it is not matched by {variables} ({globs}). "
         "Use a bucket and prefix the worker allows, or ask its operator to add them."
     )
 

@@ -14,6 +14,7 @@ from s3batch.activities.manifests import check_manifest, list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from s3batch.config import Settings
 from s3batch.messages import ListObjectsInput
 from s3batch.models import S3BatchInput
 from tests.helpers.data import csv_rows, make_csv, put_files
@@ -39,7 +40,7 @@ def _listed(s3: Any, uri: str, size: int) -> list[tuple[str | None, str]]:
     token: str | None = None
     while True:
         req = ListObjectsInput(bucket="", prefix="", manifest=uri, continuation_token=token, page_size=size)
-        page = list_manifest_page(s3, req, ManifestPositions())
+        page = list_manifest_page(s3, req, ManifestPositions(), Settings.explicit())
         found += [(o.bucket, o.key) for o in page.objects]
         token = page.next_token
         if token is None:
@@ -55,7 +56,7 @@ def test_a_manifest_starting_with_a_bom_is_read_as_without_it(s3: Any, buckets: 
     name = f"lists/m.{fmt.split('-')[0].removesuffix('.gz')}" + (".gz" if fmt.endswith(".gz") else "")
     s3.put_object(Bucket=out, Key=name, Body=gzip.compress(body) if name.endswith(".gz") else body)
     uri = f"s3://{out}/{name}"
-    check_manifest(s3, uri)  # one bucket, each key once: the job may start
+    check_manifest(s3, uri, Settings.explicit())  # one bucket, each key once: the job may start
     for size in (1, 2, 10):  # a page of a plain manifest after the first is entered at a byte offset
         assert _listed(s3, uri, size) == [(src, k) for k in keys], size
 

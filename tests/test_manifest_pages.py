@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import Worker
 
+from s3batch.config import Settings
 from s3batch.errors import InvalidInput
 from s3batch.messages import ListObjectsInput
 from s3batch.models import S3BatchInput
@@ -32,6 +33,9 @@ from s3batch.s3io import make_client
 from tests.helpers.data import put_files
 from tests.helpers.jobs import execute, new_id, until
 from tests.helpers.output import list_keys
+
+ANY = Settings.explicit()
+"""A worker without allow-lists."""
 
 # Keys with what a CSV must quote (comma, quote, line breaks) and more than ASCII; never a key that
 # is only spaces (a plain CSV row needs a key).
@@ -80,8 +84,8 @@ def _list_all(
         req = ListObjectsInput(
             bucket="", prefix="", manifest=uri, continuation_token=token, page_size=sizes[i % len(sizes)]
         )
-        lost = list_manifest_page(s3, req, processes[again[i % len(again)]]) if again else None
-        page = list_manifest_page(s3, req, processes[where[i % len(where)]])
+        lost = list_manifest_page(s3, req, processes[again[i % len(again)]], ANY) if again else None
+        page = list_manifest_page(s3, req, processes[where[i % len(where)]], ANY)
         assert lost is None or lost == page
         assert len(page.objects) <= req.page_size
         keys += [o.key for o in page.objects]
@@ -116,13 +120,13 @@ def test_any_manifest_in_any_pages_on_any_process_hands_out_each_row_once(
     processes = [ManifestPositions(), ManifestPositions()]
     listed = _list_all(s3, f"s3://{out}/{name}", sizes, processes, where, again)
     assert listed == keys
-    check_manifest(s3, f"s3://{out}/{name}")  # each key once: the job may start
+    check_manifest(s3, f"s3://{out}/{name}", ANY)  # each key once: the job may start
 
     # The same manifest naming one of its keys again, last: refused at the start, naming the key.
     again_key = keys[repeat % len(keys)]
     s3.put_object(Bucket=out, Key=f"twice-{name}", Body=_manifest(src, [*keys, again_key], fmt))
     with pytest.raises(InvalidInput) as refused:
-        check_manifest(s3, f"s3://{out}/twice-{name}")
+        check_manifest(s3, f"s3://{out}/twice-{name}", ANY)
     assert f"names {again_key!r} 2 times" in str(refused.value)
 
 

@@ -20,6 +20,7 @@ from s3batch.activities.manifests import list_manifest_page
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from s3batch.config import Settings
 from s3batch.messages import ListObjectsInput, S3BatchResult
 from s3batch.models import S3BatchInput
 from s3batch.selection import KeyFilter
@@ -204,6 +205,7 @@ def test_manifest_pages_hand_out_every_row_once_across_data_files(s3: Any, bucke
                 s3, ListObjectsInput(bucket="", prefix="", manifest=f"s3://{out}/i/manifest.json",
                                      continuation_token=token, page_size=size),
                 ManifestPositions(),
+                Settings.explicit(),
             )
             pages += 1
             assert len(page.objects) <= size
@@ -221,7 +223,7 @@ def test_a_manifest_naming_two_buckets_is_refused_naming_the_row(s3: Any, bucket
     s3.put_object(Bucket=out, Key="two.csv", Body=f"{src},a.csv\n{out},two.csv\n".encode())
     req = ListObjectsInput(bucket="", prefix="", manifest=f"s3://{out}/two.csv")
     with pytest.raises(Exception, match="names objects of two buckets") as err:
-        list_manifest_page(s3, req, ManifestPositions())
+        list_manifest_page(s3, req, ManifestPositions(), Settings.explicit())
     assert "row 2" in str(err.value)
 
 

@@ -5,7 +5,6 @@ Temporal dev server, as everywhere."""
 
 from __future__ import annotations
 
-import base64
 import csv
 import gzip
 import json
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, field_validator
 from s3batch.activities.s3_activities import S3Activities
 from temporalio.client import Client
@@ -41,7 +39,7 @@ from s3batch.messages import (
 )
 from s3batch.models import JobSpec, S3BatchInput
 from s3batch.s3io import make_client
-from tests.helpers.history import history_events
+from tests.helpers.history import history_text
 from tests.helpers.output import committed_parts, read_jsonl, report
 
 MARKER = "SECRET-7d1f"
@@ -103,26 +101,6 @@ def sec_marker(records: Sequence[Record]) -> HandlerResult:
     if mode == "sort":  # an error s3batch does not expect, after the handler returned
         return HandlerResult([], [Reject(_unordered(r.line, r.value), "x", r.value) for r in records], dropped=0)  # type: ignore[arg-type]
     return HandlerResult([r.value for r in records], [], dropped=0)
-
-
-def _strings(value: Any) -> Iterator[str]:
-    """Every string in a history event as a dict, with payload data base64-decoded."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield k
-            if k == "data" and isinstance(v, str):
-                yield base64.b64decode(v).decode(errors="replace")
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-    elif isinstance(value, str):
-        yield value
-
-
-async def history_text(client: Client, workflow_id: str) -> str:
-    events = await history_events(client, workflow_id)
-    return "\n".join(s for e in events for s in _strings(MessageToDict(e)))
 
 
 async def test_no_record_contents_in_history_report_or_logs(

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from s3batch.after_success import Archive, Tag, archive_location
+from s3batch.config import Settings
 from s3batch.messages import ListObjectsInput
 from s3batch.models import S3BatchInput
 from s3batch.s3io import make_client
@@ -66,9 +67,12 @@ def planned_files(job: S3BatchInput, s3: S3Client | None = None) -> Iterator[Pla
         bucket=job.bucket, prefix=job.prefix, page_size=PAGE, manifest=job.manifest, selection=selection
     )
     positions = ManifestPositions()
+    # S3BATCH_ALLOWED_SOURCES, when set here as on the workers: a manifest naming what they may not read is
+    # refused by the plan as by the job.
+    settings = Settings()
     while True:
         if job.manifest:
-            page = list_manifest_page(s3, req, positions)
+            page = list_manifest_page(s3, req, positions, settings)
         else:
             page = list_page(s3, job.bucket, job.prefix, PAGE, req.continuation_token, selection)
         for obj in page.objects:

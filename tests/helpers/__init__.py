@@ -12,7 +12,8 @@ tests (what both need lives in :mod:`s3batch.dev`).
 - :mod:`tests.helpers.jobs`: starting jobs and waiting on their progress (``slow_job``, ``start``,
   ``execute``, ``progress``, ``until``, ``new_id``);
 - :mod:`tests.helpers.history`: ``history_events``, ``scheduled_activities``, a job's runs (``runs_of``), the
-  activities a run scheduled and asked to stop (``activity_summaries``, ``cancel_requested``), ``assert_runs_replay``;
+  activities a run scheduled and asked to stop (``activity_summaries``, ``cancel_requested``),
+  ``assert_runs_replay``, all its text (``history_text``);
 - :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
   ``record_reliability`` (rows of docs/RELIABILITY.md);
 - :mod:`tests.helpers.records`: walking a record parser (``walk``, ``line_ends``);

@@ -1,9 +1,13 @@
-"""A job's workflow history: every run of it, the activities a run scheduled and asked to stop, replaying its runs."""
+"""A job's workflow history: every run of it, the activities a run scheduled and asked to stop, replaying its runs,
+all its text."""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Iterator
 from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer
@@ -73,3 +77,24 @@ async def assert_runs_replay(client: Client, handle: WorkflowHandle[Any, Any], r
     for run_id in chain_ids:
         history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
         assert (await replayer.replay_workflow(history)).replay_failure is None, run_id
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a history event as a dict, with payload data base64-decoded."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            if k == "data" and isinstance(v, str):
+                yield base64.b64decode(v).decode(errors="replace")
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+async def history_text(client: Client, workflow_id: str) -> str:
+    """Every string of every event of a workflow's history (payloads decoded), for searching."""
+    events = await history_events(client, workflow_id)
+    return "\n".join(s for e in events for s in _strings(MessageToDict(e)))
