@@ -3,8 +3,11 @@ and the ledger advanced after the run's report."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import email.utils
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -12,6 +15,7 @@ from pydantic import ValidationError
 
 from s3batch.errors import InvalidInput, SourceChanged
 from s3batch.incremental import (
+    DEFAULT_MAX_LEDGER_BYTES,
     Ledger,
     ListIncrementalInput,
     PageRecord,
@@ -24,36 +28,99 @@ from s3batch.incremental import (
 )
 from s3batch.messages import ListObjectsResult, ObjectRef
 from s3batch.report import read_report
-from s3batch.s3io import error_code, is_missing_object, raise_s3_error, strip_etag
+from s3batch.s3io import STREAM_ERRORS, error_code, is_missing_object, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-def read_ledger(s3: S3Client, uri: str) -> tuple[Ledger, str | None]:
-    """The ledger under ``uri`` and its ETag (an empty ledger and None when there is none yet)."""
-    bucket, key = ledger_location(uri)
-    try:
-        response = s3.get_object(Bucket=bucket, Key=key)
-        body = response["Body"].read()
-    except ClientError as err:
-        if is_missing_object(err) and error_code(err) != "NoSuchBucket":
-            return Ledger(), None
-        raise_s3_error(err, "reading the ledger", bucket, key)
-    except BotoCoreError as err:
-        raise_s3_error(err, "reading the ledger", bucket, key)
-    try:
-        return Ledger.model_validate_json(body), strip_etag(response["ETag"])
-    except ValidationError:
-        raise InvalidInput(
-            f"s3://{bucket}/{key} is not an s3batch ledger; give incremental.ledger a prefix of its own"
-        ) from None
+class Ledgers:
+    """The ledgers a worker process lists with, each kept at its last version read (ETag), bounded in size.
+
+    Every page of an incremental job's listing cuts its objects with the ledger. Read whole and parsed for
+    every page, a ledger of a big window (1 MB for 10,000 objects) cost each page that much reading and
+    parsing. A page now asks for the ledger with ``IfNoneMatch`` the version known here: the server
+    answers 304 without a body while it is unchanged. A new version's size (its ``ContentLength``) is
+    checked before its body is read: a ledger over ``max_bytes`` (``S3BATCH_MAX_LEDGER_BYTES``) is
+    refused unread, so a ledger grown without bound (or a huge object put in its place) cannot exhaust
+    the worker's memory.
+
+    Args:
+        max_bytes: The largest ledger read.
+        keep: Ledgers kept (the least recently used is dropped).
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_LEDGER_BYTES, keep: int = 4) -> None:
+        self.max_bytes = max_bytes
+        self._known: OrderedDict[tuple[str, str], tuple[Ledger, str]] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()  # activities run in a thread pool
+
+    def read(self, s3: S3Client, uri: str) -> tuple[Ledger, str | None]:
+        """The ledger under ``uri`` and its ETag (an empty ledger and None when there is none yet).
+
+        The ledger returned may be shared with other pages: it is not to be changed.
+
+        Raises:
+            InvalidInput: It is over ``max_bytes``, or not an s3batch ledger.
+        """
+        bucket, key = ledger_location(uri)
+        with self._lock:
+            known = self._known.get((bucket, key))
+        condition: dict[str, Any] = {"IfNoneMatch": f'"{known[1]}"'} if known is not None else {}
+        try:
+            response = s3.get_object(Bucket=bucket, Key=key, **condition)
+        except ClientError as err:
+            if known is not None and error_code(err) in ("304", "NotModified"):
+                with self._lock:
+                    self._known[(bucket, key)] = known
+                    self._known.move_to_end((bucket, key))
+                return known
+            if is_missing_object(err) and error_code(err) != "NoSuchBucket":
+                with self._lock:
+                    self._known.pop((bucket, key), None)
+                return Ledger(), None
+            raise_s3_error(err, "reading the ledger", bucket, key)
+        except BotoCoreError as err:
+            raise_s3_error(err, "reading the ledger", bucket, key)
+        with contextlib.closing(response["Body"]) as stream:
+            size = response["ContentLength"]
+            if size > self.max_bytes:
+                raise _over_bound(f"s3://{bucket}/{key}", size, self.max_bytes)
+            try:
+                body = stream.read()
+            except STREAM_ERRORS as err:
+                raise_s3_error(err, "reading the ledger", bucket, key)
+        try:
+            ledger = Ledger.model_validate_json(body)
+        except ValidationError:
+            raise InvalidInput(
+                f"s3://{bucket}/{key} is not an s3batch ledger; give incremental.ledger a prefix of its own"
+            ) from None
+        found = ledger, strip_etag(response["ETag"])
+        with self._lock:
+            self._known[(bucket, key)] = found
+            self._known.move_to_end((bucket, key))
+            while len(self._known) > self._keep:
+                self._known.popitem(last=False)
+        return found
 
 
-def list_incremental_page(s3: S3Client, req: ListIncrementalInput, put: Any) -> ListObjectsResult:
+def _over_bound(where: str, size: int, bound: int) -> InvalidInput:
+    return InvalidInput(
+        f"the ledger {where} is {size:,} bytes, over this worker's bound of {bound:,} (S3BATCH_MAX_LEDGER_BYTES); "
+        "it was not read. A ledger holds about 100 bytes per object uploaded within "
+        "incremental.window_seconds before its last listing: raise S3BATCH_MAX_LEDGER_BYTES on the workers, or "
+        "give the job a new ledger (its first run processes every object again)"
+    )
+
+
+def list_incremental_page(s3: S3Client, req: ListIncrementalInput, put: Any, ledgers: Ledgers) -> ListObjectsResult:
     """One page of ListObjectsV2 under the prefix, keeping the objects the ledger does not know in their
-    current version; what the page took is recorded under the run's output (``put(bucket, key, body)``)."""
-    ledger, etag = read_ledger(s3, req.ledger)
+    current version; what the page took is recorded under the run's output (``put(bucket, key, body)``).
+    The ledger is read through ``ledgers`` (bounded, and read again only when it changed)."""
+    ledger, etag = ledgers.read(s3, req.ledger)
+    _refuse_another_source(ledger, req.ledger, f"s3://{req.bucket}/{req.prefix}")
     if req.job_id is not None:
         _refuse_a_second_start(ledger, req.ledger, req.job_id, req.execution)
     kwargs: dict[str, Any] = {"Bucket": req.bucket, "Prefix": req.prefix, "MaxKeys": req.page_size}
@@ -74,7 +141,7 @@ def list_incremental_page(s3: S3Client, req: ListIncrementalInput, put: Any) -> 
         if req.selection is not None and not req.selection.takes(key, modified):
             continue
         obj = ObjectRef(key=key, etag=strip_etag(item["ETag"]), size=item["Size"])
-        kind = ledger.kind(key, obj.etag, modified)
+        kind = ledger.kind(req.bucket, key, obj.etag, modified)
         if kind is None:
             record.skipped += 1
             continue
@@ -102,6 +169,19 @@ def _refuse_a_second_start(ledger: Ledger, uri: str, job_id: str, execution: str
     )
 
 
+def _refuse_another_source(ledger: Ledger, uri: str, source: str) -> None:
+    """Raise ``InvalidInput`` when the ledger records another source than the job's ``source``: its watermark,
+    objects and retries are that source's, which this job would take over (its run would rewrite them, and
+    the next run of the ledger's own source would report objects it never processed as unchanged)."""
+    if not ledger.source or ledger.source == source:
+        return
+    raise InvalidInput(
+        f"the ledger {uri}ledger.json is the ledger of the source {ledger.source}, not of this job's source "
+        f"{source}: a ledger records the objects of one source. Nothing was listed or processed: give this job "
+        "a ledger of its own (incremental.ledger, or another output_prefix), or correct its bucket and prefix"
+    )
+
+
 def _server_time(response: Any) -> datetime.datetime:
     """The S3 server's clock at the response (its ``Date``), else this worker's."""
     date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
@@ -111,18 +191,20 @@ def _server_time(response: Any) -> datetime.datetime:
         return datetime.datetime.now(datetime.UTC)
 
 
-def write_ledger(s3: S3Client, req: WriteLedgerInput, put_ledger: Any) -> str:
+def write_ledger(s3: S3Client, req: WriteLedgerInput, put_ledger: Any, ledgers: Ledgers) -> str:
     """Advance the ledger over the run's files that succeeded (idempotent: a retry after the ledger
     was written by this run changes nothing). ``put_ledger(bucket, key, body, if_match)`` writes it.
 
     Raises:
         SourceChanged: Another run advanced the ledger while this one ran (its pages were cut with
             another ledger): this run's files are not recorded, and the next run takes them again.
+        InvalidInput: The ledger records another source, or is over the bound of ``ledgers``.
     """
-    old, etag = read_ledger(s3, req.ledger)
+    old, etag = ledgers.read(s3, req.ledger)
     bucket, key = ledger_location(req.ledger)
     if old.last_run == req.run_id and old.last_execution in (None, req.execution):
         return key  # this job's retry (or an earlier version's record of it)
+    _refuse_another_source(old, req.ledger, req.source)
     _refuse_a_second_start(old, req.ledger, req.run_id, req.execution)
     pages = [PageRecord.model_validate_json(body) for body in _page_bodies(s3, req.output_bucket, req.output_prefix)]
     if any(page.ledger_etag != etag for page in pages):

@@ -18,7 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3batch.activities import after_success, files
 from s3batch.activities.boundary import boundary
 from s3batch.activities.committed import fill_cancelled
-from s3batch.activities.incremental import list_incremental_page, write_ledger
+from s3batch.activities.incremental import Ledgers, list_incremental_page, write_ledger
 from s3batch.activities.listing import RedrivePlans, list_page, list_redrive_page
 from s3batch.activities.manifest_rows import ManifestPositions
 from s3batch.activities.manifests import check_manifest, list_manifest_page
@@ -76,6 +76,8 @@ class S3Activities:
         """What a redrive lists, read once per report (not once per listing page)."""
         self.manifest_positions = ManifestPositions()
         """Where the pages of manifests' data files ended (the next page starts there, see ManifestPositions)."""
+        self.ledgers = Ledgers(self.settings.max_ledger_bytes)
+        """The incremental jobs' ledgers, read again only when they changed (and bounded, see Ledgers)."""
 
     @property
     def pools(self) -> PostgresPools:
@@ -279,7 +281,9 @@ class S3Activities:
         check_allowed(self.settings, "sources", req.bucket, req.prefix)
         check_allowed(self.settings, "outputs", *ledger_location(req.ledger), also="sources")
         check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
-        return list_incremental_page(self.s3, req, lambda b, k, body: self._put(b, k, body, "application/json"))
+        return list_incremental_page(
+            self.s3, req, lambda b, k, body: self._put(b, k, body, "application/json"), self.ledgers
+        )
 
     @activity.defn(name="s3batch.write_ledger")
     @boundary()
@@ -287,7 +291,7 @@ class S3Activities:
         """After the report: advance the ledger over the run's files that succeeded (idempotent)."""
         check_allowed(self.settings, "outputs", *ledger_location(req.ledger))
         check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)  # the run's report and pages
-        return write_ledger(self.s3, req, self._put_ledger)
+        return write_ledger(self.s3, req, self._put_ledger, self.ledgers)
 
     def _put_ledger(self, bucket: str, key: str, body: bytes, etag: str | None) -> None:
         # Conditional: a ledger advanced by another run meanwhile is not overwritten (412).

@@ -21,6 +21,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from s3batch import TASK_QUEUE
+from s3batch.incremental import DEFAULT_MAX_LEDGER_BYTES
 
 
 class PostgresConnection(BaseModel):
@@ -93,6 +94,9 @@ class Settings(BaseSettings):
     """Ceiling on a job's ``chunk_records``: a job asking for more fails with InvalidInput."""
     max_record_bytes: int = Field(64 * 1024 * 1024, ge=1_024)
     """Ceiling on a job's ``max_record_bytes``: a job asking for more fails with InvalidInput."""
+    max_ledger_bytes: int = Field(DEFAULT_MAX_LEDGER_BYTES, ge=1_024)
+    """The largest incremental ledger (``ledger.json``) a job may make this worker read: a bigger one
+    fails the job with InvalidInput, unread (about 100 bytes per object uploaded within one window)."""
     max_chunk_bytes: int = Field(64 * 1024 * 1024, ge=1_024)
     """A chunk is closed early once its buffered output (parts and rejects) or its source bytes
     reach this: what one file holds in memory stays about this, whatever ``chunk_records`` is."""

@@ -11,6 +11,9 @@ succeeded. The ledger is bounded: it holds
 
 - ``watermark``: when the listing of the last complete run started (the S3 server's clock, the
   ``Date`` of its first ListObjectsV2 page);
+- ``source``: ``s3://bucket/prefix`` of the job that writes it. A ledger remembers one source: a job of
+  another source is refused at its first listing page (it would rewrite the watermark and the retries,
+  and the next run of the ledger's own source would skip objects it never processed);
 - ``near``: the objects processed whose ``LastModified`` is at most ``window_seconds`` before the
   watermark (key -> ``[etag, last_modified]``), so an object written while a listing ran (a
   ``LastModified`` before the watermark but not yet listed) is neither missed nor processed twice;
@@ -25,6 +28,12 @@ uploads of one window, whatever the number of objects under the prefix. An overw
 when the ledger still remembers the earlier version (within the window), else it counts as ``new``.
 Objects whose upload took longer than the window may be missed: keep the window above the longest
 upload (default 15 minutes).
+
+Entries are keyed by bucket and key: those of ``near`` and ``retry`` are objects of the bucket of
+``source`` (the file keeps one bucket's keys under its one source, as earlier releases wrote it, so
+ledgers of either release are read by workers of both), and an object of another bucket is never
+found in them (:meth:`Ledger.kind`). A worker reads a ledger of at most ``S3BATCH_MAX_LEDGER_BYTES``
+(:data:`DEFAULT_MAX_LEDGER_BYTES`), about 100 bytes an object of the window.
 """
 
 from __future__ import annotations
@@ -45,6 +54,9 @@ LEDGER_FORMAT = "s3batch-ledger/1"
 KEPT_RUNS = 20
 """Run summaries kept in the ledger (each run's own report has every file)."""
 DEFAULT_WINDOW_SECONDS = 900
+DEFAULT_MAX_LEDGER_BYTES = 64 * 1024 * 1024
+"""The largest ``ledger.json`` a worker reads by default (``S3BATCH_MAX_LEDGER_BYTES``): some 600,000
+objects uploaded within one window."""
 
 Kind = Literal["new", "changed", "retried"]
 
@@ -88,8 +100,11 @@ class Ledger(BaseModel):
             return None
         return _time(self.watermark) - datetime.timedelta(seconds=self.window_seconds)
 
-    def kind(self, key: str, etag: str, modified: datetime.datetime) -> Kind | None:
-        """Whether the object is taken, and why (None: skipped as unchanged)."""
+    def kind(self, bucket: str, key: str, etag: str, modified: datetime.datetime) -> Kind | None:
+        """Whether the object ``bucket/key`` is taken, and why (None: skipped as unchanged). The ledger's
+        entries and watermark are those of its source's bucket: an object of another one is new."""
+        if self.source and split_s3_uri(self.source)[0] != bucket:
+            return "new"
         if key in self.retry:
             return "retried"
         known = self.near.get(key)

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from s3batch.activities.incremental import list_incremental_page, read_ledger
+from s3batch.activities.incremental import Ledgers, list_incremental_page
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
@@ -127,7 +127,7 @@ def test_object_written_during_the_listing_is_taken_once(s3: Any, buckets):
             bucket=src, prefix="in/", continuation_token=token, page_size=3, ledger=ledger, window_seconds=60,
             output_bucket=out, output_prefix=prefix,
         )
-        result = list_incremental_page(s3, req, put)
+        result = list_incremental_page(s3, req, put, Ledgers())
         return [o.key for o in result.objects], result.next_token
 
     ledger_uri = f"s3://{out}/ledger/"
@@ -155,7 +155,7 @@ def test_object_written_during_the_listing_is_taken_once(s3: Any, buckets):
         more, token = page(token, "run2/", ledger_uri)
         keys += more
     assert keys == ["in/k00a"]
-    assert read_ledger(s3, ledger_uri)[0].watermark == ledger.watermark
+    assert Ledgers().read(s3, ledger_uri)[0].watermark == ledger.watermark
 
 
 @pytest.mark.parametrize("runs", [50])
@@ -171,7 +171,7 @@ def test_ledger_stays_bounded(runs: int):
         for i in range(10_000 if run == 0 else 200):
             key = f"in/{run:03d}/{i:05d}"
             modified = listed_at - datetime.timedelta(seconds=(i % 1800) + 1)  # spread over the last half hour
-            if ledger.kind(key, "e", modified) is not None:
+            if ledger.kind("s", key, "e", modified) is not None:
                 taken.append((key, "e", iso(modified), "new"))
         page = PageRecord(ledger_etag=None, listed_at=iso(listed_at), taken=taken)
         req = WriteLedgerInput(
@@ -290,15 +290,15 @@ def test_write_ledger_is_idempotent_and_refuses_a_ledger_changed_meanwhile(s3: A
                                 listing_done=True)
 
     req = run_files("r1", None)
-    write_ledger(s3, req, put_ledger)
+    write_ledger(s3, req, put_ledger, Ledgers())
     body = s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read()
-    write_ledger(s3, req, put_ledger)  # a retry of the same run: nothing changes
+    write_ledger(s3, req, put_ledger, Ledgers())  # a retry of the same run: nothing changes
     assert s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read() == body
     assert json.loads(body)["near"] == {"in/a": ["e1", "2026-12-01T11:59:00.000000Z"]}
 
     stale = run_files("r2", None)  # cut with no ledger, but r1 wrote one meanwhile
     with pytest.raises(SourceChanged, match="changed while job 'r2' ran"):
-        write_ledger(s3, stale, put_ledger)
+        write_ledger(s3, stale, put_ledger, Ledgers())
     assert s3.get_object(Bucket=out, Key="led/ledger.json")["Body"].read() == body
 
 
