@@ -29,8 +29,9 @@ from temporalio import activity
 from s3batch.after_success import COPY_OF_METADATA, Archive, Delete, Outcome, archive_location
 from s3batch.config import Settings
 from s3batch.errors import S3BatchError
+from s3batch.limits import check_allowed, sse_params
 from s3batch.messages import AfterSuccessInput, ObjectRef
-from s3batch.s3io import check_allowed, error_code, raise_s3_error, sse_params, strip_etag
+from s3batch.s3io import error_code, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -30,9 +30,10 @@ from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.json import BadDocument
 from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
+from s3batch.limits import check_allowed, check_ceilings
 from s3batch.messages import FileResult, ProcessFileInput
 from s3batch.rejects import DelimiterProbe, FileLimits, crossed, file_counts, merge, too_many, warnings_of
-from s3batch.s3io import check_allowed, check_ceilings, head_pinned
+from s3batch.s3io import head_pinned
 from s3batch.sinks.earlier import written_before
 from s3batch.sinks.rows import CsvRows
 

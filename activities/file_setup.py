@@ -17,7 +17,7 @@ from s3batch.columns import encoder_of
 from s3batch.errors import OutputKeyTooLong
 from s3batch.formats.compression import MAX_RATIO
 from s3batch.handlers import passthrough
-from s3batch.s3io import sse_params
+from s3batch.limits import sse_params
 from s3batch.sinks import Sink, open_sink
 from s3batch.sinks.spec import PostgresSink
 

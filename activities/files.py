@@ -22,8 +22,9 @@ from s3batch import layout
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import S3BatchError
+from s3batch.limits import check_allowed
 from s3batch.messages import FileResult, ProcessFileInput, ProcessGroupInput
-from s3batch.s3io import any_object, check_allowed, raise_s3_error, strip_etag
+from s3batch.s3io import any_object, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -22,7 +22,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.errors import InvalidInput
 from s3batch.formats.parquet import PinnedFile
-from s3batch.s3io import allows, check_allowed, not_allowed, open_object, raise_s3_error, strip_etag
+from s3batch.limits import allows, check_allowed, not_allowed
+from s3batch.s3io import open_object, raise_s3_error, strip_etag
 from s3batch.selection import split_s3_uri
 
 if TYPE_CHECKING:

@@ -41,7 +41,8 @@ from temporalio import activity
 from s3batch import layout
 from s3batch.checkpoint import CHECKPOINT_MAC_METADATA, CHECKPOINT_METADATA, Checkpoint, checkpoint_mac_ok
 from s3batch.errors import BadFile, InvalidInput, NotFound, SourceChanged
-from s3batch.s3io import check_allowed, raise_s3_error
+from s3batch.limits import check_allowed
+from s3batch.s3io import raise_s3_error
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

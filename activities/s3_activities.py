@@ -31,6 +31,7 @@ from s3batch.after_success import Archive, Outcome
 from s3batch.config import Settings
 from s3batch.handlers import get_handler
 from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_location
+from s3batch.limits import check_allowed, check_ceilings, sse_params
 from s3batch.messages import (
     AfterSuccessInput,
     FileResult,
@@ -44,7 +45,7 @@ from s3batch.messages import (
 )
 from s3batch.models import JobSpec
 from s3batch.report import JobReport, books_error, final_report, put_report, read_report, read_segment, segment_body
-from s3batch.s3io import check_allowed, check_ceilings, raise_s3_error, sse_params
+from s3batch.s3io import raise_s3_error
 from s3batch.selection import split_s3_uri
 from s3batch.sinks.spec import PostgresSink
 
