@@ -322,7 +322,7 @@ class FileJob:
     def _csv_rows(self, parser: FastCsvParser | None) -> CsvRows | None:
         if not self._as_csv or parser is None or parser.header is None:
             return None
-        return CsvRows(parser.header, self.reading.delimiter, self.reading.quotechar)
+        return CsvRows(parser.header, self.reading.delimiter, self.reading.quotechar, self.reading.empty_null)
 
     def _count_fast(self, parser: object) -> None:
         self.fast_records = getattr(parser, "fast_records", 0)

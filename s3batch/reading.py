@@ -139,6 +139,10 @@ class Reading:
     """The column names given in the job (``header: [...]``); None: from the file."""
     encoding: str = "utf-8"
     """The canonical codec name (see :func:`normalize_encoding`)."""
+    empty_null: bool = False
+    """An unquoted empty field is None (as PostgreSQL's ``COPY ... (FORMAT csv)`` reads it; a quoted empty field
+    ``""`` stays ``''``); False: both are ``''``. Set by the job's sink (``PostgresSink.empty_as``), which carries
+    it in the fingerprint: not a reading option of its own."""
 
     @classmethod
     def of(cls, key: str, options: Mapping[str, Any]) -> Reading:

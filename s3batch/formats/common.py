@@ -68,6 +68,12 @@ def _too_long(what: str, max_bytes: int) -> str:
     return f"{what} is longer than max_record_bytes ({max_bytes} bytes)"
 
 
+def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
+    """Remove and join the problems flagged on lines ``first..last`` (``_Source.bad_lines``)."""
+    found = [bad.pop(n) for n in range(first, last + 1) if n in bad]
+    return "; ".join(found) if found else None
+
+
 def _eol_length(raw: bytes) -> int:
     """Length of the line terminator (LF, CRLF or CR) that ends ``raw``; 0 without one."""
     if raw.endswith(b"\n"):

@@ -11,9 +11,9 @@ import io
 import itertools
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
-from s3batch.formats.common import _BLOCK, Record, _eol_length, _Source, _too_long
+from s3batch.formats.common import _BLOCK, Record, _eol_length, _Source, _take_problems, _too_long
 from s3batch.formats.csv_header import check_column_names, generated_names
 from s3batch.formats.csv_scan import (
     ERROR,
@@ -23,6 +23,7 @@ from s3batch.formats.csv_scan import (
     Tokens,
     after_line_end,
     scan,
+    with_nulls,
 )
 from s3batch.formats.transcode import Utf16AsUtf8, utf16_byte_order
 from s3batch.reading import Reading
@@ -74,6 +75,8 @@ class _CsvLines(_Source):
         self.state = QUOTED
         """The reader's state at the start of the next line of a record that goes on (tracked only with
         an escape character: without one a record goes on only inside quotes)."""
+        self.keep = False  # set: the lines of each record are kept in `record` (an empty field: quoted or not?)
+        self.record: list[str] = []
 
     def __iter__(self) -> Iterator[str]:
         read = self.read
@@ -83,6 +86,7 @@ class _CsvLines(_Source):
         encoding = self.encoding
         utf8 = encoding == "utf-8"
         escaped = self.tokens[2] is not None
+        keep = self.keep
         block = self.first_block()
         n, off = self.lines, self.offset
         carry = b""
@@ -121,10 +125,15 @@ class _CsvLines(_Source):
                 if escaped:
                     self._track(raw, first)
                 try:
-                    yield raw.decode() if utf8 else raw.decode(encoding)  # decode() alone is faster
+                    text = raw.decode() if utf8 else raw.decode(encoding)  # decode() alone is faster
                 except UnicodeDecodeError as err:
                     bad[n] = self._undecodable(err)
-                    yield raw.decode(encoding, "replace")
+                    text = raw.decode(encoding, "replace")
+                if keep:
+                    if first:
+                        self.record = []
+                    self.record.append(text)
+                yield text
             else:
                 if not block:
                     return  # that was the last line
@@ -215,7 +224,8 @@ class _CsvLines(_Source):
 
 class CsvParser:
     """CSV read as the csv module reads it (``strict``; quoted fields with delimiters, quotes and line
-    breaks; LF, CRLF or CR line ends; a UTF-8 BOM), in the dialect and encoding of a :class:`Reading`."""
+    breaks; LF, CRLF or CR line ends; a UTF-8 BOM), in the dialect and encoding of a :class:`Reading` (with
+    ``empty_null``, an unquoted empty field is None, a quoted one ``""`` the empty string)."""
 
     def __init__(
         self,
@@ -249,6 +259,7 @@ class CsvParser:
         label = _LABELS.get(reading.encoding, reading.encoding)
         self._src = _CsvLines(stream, offset, line, max_line_bytes, reading.tokens(), reading.byte_encoding, label)
         self._src.transcoded = reading.wide
+        self._src.keep = reading.empty_null
         self._stream = stream
         self.header = header
         self._reading = reading
@@ -346,13 +357,14 @@ class CsvParser:
             self.header = row
             return self._records(reader, row)
         self.header = header = generated_names(len(row))
-        first = Record(self.first_line, dict(zip(header, row, strict=True)))
+        first = Record(self.first_line, dict(zip(header, self._nulls(row), strict=True)))
         return itertools.chain((first,), self._records(reader, header))
 
     def _records(self, reader: Iterator[list[str]], header: list[str]) -> Iterator[Record]:
         src = self._src
         bad = src.bad_lines
         width = len(header)
+        nulls = self._reading.empty_null
         new = tuple.__new__  # Record(...) goes through a Python-level __new__: 80 ns a record
         while True:
             start = src.lines + 1
@@ -375,13 +387,16 @@ class CsvParser:
             if len(row) != width:
                 yield Record(start, None, f"expected {width} fields ({self._width_from}), got {len(row)}")
                 continue
+            if nulls and "" in row:
+                row = self._nulls(row)
             yield new(Record, (start, dict(zip(header, row, strict=True)), None))
 
-
-def _take_problems(bad: dict[int, str], first: int, last: int) -> str | None:
-    """Remove and join the problems flagged on lines ``first..last``."""
-    found = [bad.pop(n) for n in range(first, last + 1) if n in bad]
-    return "; ".join(found) if found else None
+    def _nulls(self, row: list[str]) -> list[Any]:
+        """``row`` with its unquoted empty fields None, with ``empty_null`` (:func:`with_nulls`); else as it is."""
+        r = self._reading
+        if not r.empty_null or "" not in row:
+            return row
+        return with_nulls(row, "".join(self._src.record), r.delimiter, r.quotechar, r.escapechar)
 
 
 def read_csv_header(

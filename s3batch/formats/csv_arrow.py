@@ -3,7 +3,8 @@ and encode its rows as the ``passthrough`` handler's JSON documents at once.
 
 The proof is a round trip: a block is *canonical* when it is exactly the bytes a minimal-quoting CSV
 writer gives for the rows pyarrow read (a field quoted when, and only when, it holds the delimiter, the
-quote or a line break; a quote inside doubled; every row ended by the same line end). Python's csv
+quote or a line break, or, where an unquoted empty field is null, is the empty string; a quote inside
+doubled; every row ended by the same line end). Python's csv
 module reads canonical bytes back as exactly those rows, so where the bytes compare equal (one
 ``memcmp``) both parsers agree by construction, whatever pyarrow does with other input. Where they do
 not (a malformed row, quoting that is not minimal, a blank line, a lone CR, bytes that are not UTF-8,
@@ -54,7 +55,7 @@ def _skip(_row: Any) -> str:
     return "skip"  # a row of another width: the round trip finds where it was
 
 
-def _options(names: list[str], delimiter: str, quote: str) -> tuple[Any, Any, Any]:
+def _options(names: list[str], delimiter: str, quote: str, nulls: bool) -> tuple[Any, Any, Any]:
     read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=1 << 30)
     parse = pcsv.ParseOptions(
         delimiter=delimiter,
@@ -67,7 +68,8 @@ def _options(names: list[str], delimiter: str, quote: str) -> tuple[Any, Any, An
     )
     convert = pcsv.ConvertOptions(
         column_types=dict.fromkeys(names, pa.string()),
-        strings_can_be_null=False,
+        strings_can_be_null=nulls,  # an unquoted empty field only (not "", nor pyarrow's default "NULL", "NA"...)
+        null_values=[""],
         quoted_strings_can_be_null=False,
         check_utf8=True,
     )
@@ -82,18 +84,24 @@ class BlockReader:
         delimiter: The delimiter.
         quote: The quote character.
         max_record_bytes: A longer record is not good (the exact parser makes it a reject).
+        nulls: An unquoted empty field is null (``Reading.empty_null``), a quoted one ``""`` the empty string;
+            the canonical bytes write them so (else both are ``''``, written unquoted).
     """
 
-    def __init__(self, names: list[str], delimiter: str, quote: str, max_record_bytes: int) -> None:
+    def __init__(
+        self, names: list[str], delimiter: str, quote: str, max_record_bytes: int, nulls: bool = False
+    ) -> None:
         self.names = names
         self.delimiter = delimiter
         self.quote = quote
         self.max_record_bytes = max_record_bytes
-        self._options = _options(names, delimiter, quote)
-        self._boring = bytes(b for b in range(256) if b == 10 or not (b < 32 or b in (ord(quote), 0x5C)))
+        self.nulls = nulls
+        self._options = _options(names, delimiter, quote, nulls)
+        # A double quote matters whatever the quote character: JSON escapes it.
+        self._boring = bytes(b for b in range(256) if b == 10 or not (b < 32 or b in (ord(quote), 0x22, 0x5C)))
         """Deleted from a block to see which of the bytes that matter it holds (``bytes.translate``: 0.5 ms
         a MiB, where a regular expression kernel over a column's values costs 0.4 us a value)."""
-        self._plain = bytes(b for b in range(256) if not (b < 32 or b in (ord(delimiter), ord(quote), 0x5C)))
+        self._plain = bytes(b for b in range(256) if not (b < 32 or b in (ord(delimiter), ord(quote), 0x22, 0x5C)))
         """Deleted from a column's values to see which special bytes they hold."""
         self._csv_special = frozenset({ord(delimiter), ord(quote), 10, 13})
         self._quote = ord(quote)
@@ -124,7 +132,7 @@ class BlockReader:
             special = [frozenset()] * len(columns)  # nothing quoted or escaped: a CR ends a row or is in a CRLF
         else:
             special = [frozenset(_values(c).translate(None, self._plain)) for c in columns]
-        rows = self._canonical(columns, special, eol)
+        rows = self._canonical(columns, special, eol, self.nulls and self.quote.encode() * 2 in body)
         buffers = rows.buffers()
         offsets = memoryview(buffers[1]).cast("i")[rows.offset : rows.offset + len(rows) + 1]
         base = offsets[0]
@@ -143,8 +151,9 @@ class BlockReader:
             ends[-1] = min(ends[-1], len(data))
         return Block(good, ends, data[: ends[-1]], table.slice(0, good), special)
 
-    def _canonical(self, columns: list[Any], special: list[frozenset[int]], eol: bytes) -> Any:
-        """Each row as a minimal-quoting writer writes it, its line end included.
+    def _canonical(self, columns: list[Any], special: list[frozenset[int]], eol: bytes, empties: bool) -> Any:
+        """Each row as a minimal-quoting writer writes it, its line end included; with ``nulls``, a null as nothing
+        and an empty string as ``""`` (looked for only where the block holds two quotes in a row: ``empties``).
 
         Two joins (the columns with the delimiter as separator, then the line end): a join's scalar
         arguments cost as much as its columns (12 arguments for 6 columns took 4 ms a MiB block, these
@@ -160,6 +169,10 @@ class BlockReader:
                     need = pc.match_substring_regex(column, "[" + "".join(f"\\x{c:02x}" for c in sorted(chars)) + "]")
                 doubled = pc.replace_substring(column, quote, quote * 2) if self._quote in chars else column
                 column = pc.if_else(need, pc.binary_join_element_wise(quote, doubled, quote, ""), column)
+            if empties:
+                column = pc.if_else(pc.equal(pc.binary_length(column), 0), quote * 2, column)
+            if column.null_count:
+                column = pc.fill_null(column, "")
             fields.append(column)
         return pc.binary_join_element_wise(pc.binary_join_element_wise(*fields, self.delimiter), eol.decode(), "")
 
@@ -187,6 +200,8 @@ class BlockReader:
                 n = pc.count_substring(column, "\n" if 10 in found else "\r")
             else:
                 continue
+            if n.null_count:
+                n = pc.fill_null(n, 0)
             extra = n if extra is None else pc.add(extra, n)
         return extra
 
@@ -203,6 +218,8 @@ class BlockReader:
             for char, _ in _SHORT_ESCAPES:
                 if ord(char) in found:
                     n = pc.add(n, pc.count_substring(column, char))
+            if n.null_count:
+                n = pc.fill_null(n, 2)  # null: two bytes more than the quotes counted in _json_fixed
             total = n if total is None else pc.add(total, n)
         if total is None:
             return [0]
@@ -210,21 +227,28 @@ class BlockReader:
 
     def json_rows(self, block: Block) -> tuple[bytes, list[int]] | None:
         """The rows of ``table`` as the ``passthrough`` handler writes them (``orjson.dumps`` of the
-        ``{column: value}`` dict), each followed by a line feed, and where each starts (one more: the
-        end); None when a value holds a control
+        ``{column: value}`` dict, a null value ``null``), each followed by a line feed, and where each starts (one
+        more: the end); None when a value holds a control
         character orjson writes as ``\\u00XX`` (the caller encodes those rows one by one)."""
         pieces: list[Any] = []
+        close = '"'
         for key, column, found in zip(self._keys, _columns(block.table), block.special, strict=True):
             if any(b < 32 and b not in (9, 10, 13) for b in found):
                 return None
             for char, escaped in _SHORT_ESCAPES:
                 if ord(char) in found:
                     column = pc.replace_substring(column, char, escaped)
+            before = close
+            if column.null_count:  # its quotes go with each value that is not null
+                column = pc.fill_null(pc.binary_join_element_wise('"', column, '"', ""), "null")
+                key, close = key[:-1], ""
+            else:
+                close = '"'
             if pieces:
-                pieces[-1] = '"' + key  # one scalar between two columns: each costs as much as a column
+                pieces[-1] = before + key  # one scalar between two columns: each costs as much as a column
             else:
                 pieces.append(key)
-            pieces += [column, '"}\n']
+            pieces += [column, close + "}\n"]
         return _concatenated(pc.binary_join_element_wise(*pieces, ""))
 
 

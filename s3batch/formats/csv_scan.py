@@ -69,3 +69,53 @@ def after_line_end(state: int, terminator: bytes) -> int | None:
     if state == ESCAPED and terminator != b"\r\n":
         return IN_FIELD  # an escaped line break (of a CRLF, only the CR is escaped: the LF ends the record)
     return None
+
+
+def with_nulls(row: list[str], text: str, delimiter: str, quote: str, escape: str | None) -> list[str | None]:
+    """``row`` (a record as the csv module read it from ``text``, every line of it) with its unquoted empty fields
+    None: the csv module reads ``a,,b`` and ``a,"",b`` alike, PostgreSQL's ``COPY ... (FORMAT csv)`` does not.
+
+    Which fields were quoted is told from where each starts in ``text``. Without an escape character a field's
+    length there follows from its value (quoted: the quotes, and each quote inside doubled); with one, the field is
+    walked as the reader's state machine walks it (``strict``: a closing quote is followed by a delimiter or the
+    line end). A record without a quote has none quoted."""
+    if quote not in text:
+        return [value or None for value in row]
+    out: list[str | None] = list(row)
+    pos = 0
+    for i, value in enumerate(row):
+        quoted = text.startswith(quote, pos)
+        if not quoted and not value:
+            out[i] = None
+        if escape is None:
+            pos += len(value) + (2 + value.count(quote) if quoted else 0) + 1
+        else:
+            pos = _field_end(text, pos, quoted, delimiter, quote, escape) + 1
+    return out
+
+
+def _field_end(text: str, pos: int, quoted: bool, delimiter: str, quote: str, escape: str) -> int:
+    """Where the field starting at ``pos`` ends (at its delimiter or line end), with an escape character."""
+    end = len(text)
+    if quoted:
+        pos += 1
+        while pos < end:
+            c = text[pos]
+            if c == escape:
+                pos += 2
+            elif c != quote:
+                pos += 1
+            elif text.startswith(quote, pos + 1):
+                pos += 2  # a doubled quote
+            else:
+                return pos + 1
+        return pos
+    while pos < end:
+        c = text[pos]
+        if c == escape:
+            pos += 2
+        elif c == delimiter or c in "\r\n":
+            return pos
+        else:
+            pos += 1
+    return pos

@@ -278,7 +278,7 @@ class FastCsvParser:
                 self._start_exact(_ALL)
                 return True
             delimiter, quote = self._reading.delimiter, self._reading.quotechar
-            self._blocks = BlockReader(self.header, delimiter, quote, self._max)
+            self._blocks = BlockReader(self.header, delimiter, quote, self._max, self._reading.empty_null)
             self._docs = BlockDocs(self._blocks)
         self.buf = self.buf[self._pos - self.buf_start :]
         self.buf_start = self._pos

@@ -27,6 +27,7 @@ from s3batch.formats.readahead import ReadAhead
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import READ_OPTIONS, Reading
 from s3batch.s3io import RangedReader, open_object
+from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -38,7 +39,8 @@ AHEAD_MIN_BYTES = 2 * 1024 * 1024
 
 
 def reading_of(req: ProcessFileInput, fmt: ParsedFormat, where: str) -> Reading:
-    """How the file of ``req`` is read (the job's reading options; defaults but for CSV).
+    """How the file of ``req`` is read (the job's reading options, and the sink's ``empty_as``; defaults but for
+    CSV).
 
     Raises:
         InvalidInput: An option is invalid (an input that did not go through ``S3BatchInput``).
@@ -46,9 +48,12 @@ def reading_of(req: ProcessFileInput, fmt: ParsedFormat, where: str) -> Reading:
     if fmt != "csv":
         return DEFAULT_READING
     try:
-        return Reading.of(req.obj.key, req.model_dump(include=set(READ_OPTIONS)))
+        reading = Reading.of(req.obj.key, req.model_dump(include=set(READ_OPTIONS)))
     except ValueError as err:
         raise InvalidInput(f"cannot read {where}: {err}") from None
+    if isinstance(req.sink, PostgresSink) and req.sink.empty_null:  # COPY's convention (the S3 sinks: '')
+        reading = dataclasses.replace(reading, empty_null=True)
+    return reading
 
 
 class SourceFile:

@@ -290,15 +290,17 @@ class PostgresOutput:
 
     def _copy_csv(self, conn: psycopg.Connection[Any], csv: CsvRows, head: bytes = b"") -> None:
         """``COPY`` the CSV rows (after ``head``, more rows in the same CSV) at once; raises what the database
-        raises for a row it refuses."""
+        raises for a row it refuses. An unquoted empty field is NULL (``COPY``'s own convention, as the JSON path
+        writes it: ``empty_as``), or '' with ``FORCE_NOT_NULL`` (``empty_as: string``)."""
         names = sql.SQL(", ").join(map(sql.Identifier, csv.names))
-        statement = sql.SQL(
-            "COPY {} ({}) FROM STDIN WITH (FORMAT csv, DELIMITER {}, QUOTE {}, FORCE_NOT_NULL ({}))"
-        ).format(self._table, names, sql.Literal(csv.delimiter), sql.Literal(csv.quote), names)
+        force = sql.SQL("") if csv.nulls else sql.SQL(", FORCE_NOT_NULL ({})").format(names)
+        statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv, DELIMITER {}, QUOTE {}{})").format(
+            self._table, names, sql.Literal(csv.delimiter), sql.Literal(csv.quote), force
+        )
         with conn.cursor() as cur, cur.copy(statement) as copy:
             if head:
                 copy.write(head)
-            for piece in csv.blocks():  # an unquoted empty field is '' as in the JSON path, never NULL
+            for piece in csv.blocks():
                 copy.write(piece)
 
     def _copy_csv_refused(self, conn: psycopg.Connection[Any], csv: CsvRows) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from s3batch.errors import BadFile
+from s3batch.formats.csv_scan import with_nulls
 from s3batch.jsonvalues import inexact_positions, loads_exact, numbers_as_written
 
 BLOCK_BYTES = 128 * 1024
@@ -76,12 +77,15 @@ def tuples(values: list[Any], columns: list[str]) -> list[tuple[Any, ...]]:
 
 
 class CsvRows:
-    """The rows of a chunk kept as the file's own CSV bytes (fast blocks, for a table's CSV ``COPY``)."""
+    """The rows of a chunk kept as the file's own CSV bytes (fast blocks, for a table's CSV ``COPY``); ``nulls``: an
+    unquoted empty field is NULL, a quoted one ``""`` the empty string (``Reading.empty_null``, as ``COPY`` reads CSV
+    itself), else both are the empty string (``FORCE_NOT_NULL``)."""
 
-    def __init__(self, names: list[str], delimiter: str, quote: str) -> None:
+    def __init__(self, names: list[str], delimiter: str, quote: str, nulls: bool = False) -> None:
         self.names = names
         self.delimiter = delimiter
         self.quote = quote
+        self.nulls = nulls
         self.pieces: list[bytes] = []
         """Whole rows, each with its line end (canonical CSV: see ``s3batch.formats.csv_arrow``)."""
         self.lines: list[int] = []
@@ -104,26 +108,44 @@ class CsvRows:
 
     def encode(self, values: list[Any]) -> bytes | None:
         """``values`` (outputs of the JSON path, e.g. a chunk's first record, read alone) as more rows of this
-        CSV, each field quoted (a quoted field is never NULL, as a string of the JSON path): when every one is
-        an object of exactly these columns, all strings; else None."""
+        CSV, each string quoted (a quoted field is never NULL, as a string of the JSON path) and, with ``nulls``, each
+        None unquoted and empty (NULL): when every one is an object of exactly these columns, all strings (or None);
+        else None."""
         if not values:
             return None
         names = set(self.names)
-        if not all(type(v) is dict and v.keys() == names and all(type(x) is str for x in v.values()) for v in values):
+        kinds = (str, type(None)) if self.nulls else (str,)
+        if not all(type(v) is dict and v.keys() == names and all(type(x) in kinds for x in v.values()) for v in values):
             return None
-        q, qq, end = self.quote, self.quote * 2, self.line_end.decode()
-        sep = q + self.delimiter + q
-        return "".join(q + sep.join(v[n].replace(q, qq) for n in self.names) + q + end for v in values).encode()
+        q, qq, d, end = self.quote, self.quote * 2, self.delimiter, self.line_end.decode()
+
+        def field(x: str | None) -> str:
+            return "" if x is None else q + x.replace(q, qq) + q
+
+        return "".join(d.join(field(v[n]) for n in self.names) + end for v in values).encode()
 
     @property
     def data(self) -> bytes:
         return b"".join(self.pieces)
 
-    def values(self) -> list[dict[str, str]]:
-        """The rows read back as ``{column: value}`` (as the exact parser reads canonical CSV)."""
-        text = self.data.decode()
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=self.delimiter, quotechar=self.quote, strict=True)
-        return [dict(zip(self.names, row, strict=True)) for row in reader if row]
+    def values(self) -> list[dict[str, str | None]]:
+        """The rows read back as ``{column: value}`` (as the exact parser reads canonical CSV; with ``nulls``, an
+        unquoted empty field None)."""
+        lines: list[str] = []  # the lines of the row being read (a quoted line break makes more than one)
+
+        def kept() -> Iterator[str]:
+            for line in io.StringIO(self.data.decode(), newline=""):
+                lines.append(line)
+                yield line
+
+        reader = csv.reader(kept(), delimiter=self.delimiter, quotechar=self.quote, strict=True)
+        out: list[dict[str, str | None]] = []
+        for row in reader:
+            if row:
+                values = with_nulls(row, "".join(lines), self.delimiter, self.quote, None) if self.nulls else row
+                out.append(dict(zip(self.names, values, strict=True)))
+            lines.clear()
+        return out
 
     def blocks(self, size: int = BLOCK_BYTES) -> Iterator[bytes]:
         """The rows' bytes in pieces of about ``size`` bytes (whole rows; one piece at most over ``size``):

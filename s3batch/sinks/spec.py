@@ -74,6 +74,10 @@ class PostgresSink(BaseModel):
     """Whether the reason of a row the database refuses carries PostgreSQL's DETAIL text as well as its message
     (``Key (id)=(7) already exists.``). Off by default: for foreign-key and exclusion constraints DETAIL quotes
     values of other rows already in the table, and rejects files are read by whoever reads the output."""
+    empty_as: Literal["null", "string"] | None = None
+    """What an unquoted empty CSV field is: ``null`` (None: the default), NULL in the table, as PostgreSQL's own
+    ``COPY ... (FORMAT csv)`` loads it (a quoted empty field ``""`` is the empty string); ``string``: the empty
+    string too, as releases before this option wrote it. The handler sees the field so (None or ``''``)."""
 
     @model_validator(mode="after")
     def _key_with_upsert(self) -> PostgresSink:
@@ -94,7 +98,7 @@ class PostgresSink(BaseModel):
         # A sink without them is written as before: a worker of an earlier release refuses unknown fields.
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("on_reimport", "source_column"):
+            for name in ("on_reimport", "source_column", "empty_as"):
                 if data.get(name, 0) is None:
                     del data[name]
             if data.get("reject_details") is False:
@@ -108,6 +112,11 @@ class PostgresSink(BaseModel):
         return self.on_reimport or ("refuse" if self.mode == "insert" else "upsert")
 
     @property
+    def empty_null(self) -> bool:
+        """An unquoted empty CSV field is NULL (``empty_as``)."""
+        return self.empty_as != "string"
+
+    @property
     def schema_name(self) -> str:
         return self.table.rpartition(".")[0] or "public"
 
@@ -117,11 +126,15 @@ class PostgresSink(BaseModel):
 
     def shape(self) -> dict[str, Any]:
         """What enters the output fingerprint: a checkpoint of another table or mode is not reused; nor of rows
-        marked in another ``source_column`` (``on_reimport`` is what becomes of earlier rows, not these rows)."""
+        marked in another ``source_column`` (``on_reimport`` is what becomes of earlier rows, not these rows), nor
+        with ``empty_as: string``. The default (NULL) leaves the shape as earlier releases wrote it: a file they
+        imported whole is found done, not imported again (its empty fields stay ``''``)."""
         table = f"{self.schema_name}.{self.table_name}"
         shape: dict[str, Any] = {"type": "postgres", "table": table, "mode": self.mode, "key": self.key}
         if self.source_column is not None:
             shape["source_column"] = self.source_column
+        if not self.empty_null:
+            shape["empty_as"] = "string"
         return shape
 
 
