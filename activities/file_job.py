@@ -12,7 +12,7 @@ import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink
+from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink, read_as_begun
 from s3batch.activities.handling import HandlerRun
 from s3batch.activities.rejected import RejectedLines, records_from
 from s3batch.activities.splits import open_split
@@ -156,7 +156,7 @@ class FileJob:
             offset, line = self.split.start()
         obj, fp = self.obj, self.output.fingerprint
         start = Checkpoint(etag=obj.etag, version_id=obj.version_id, fingerprint=fp, byte_offset=offset, line=line)
-        return self.output.resume_point(hint, start, fresh=self._fresh)
+        return read_as_begun(self, self.output.resume_point(hint, start, fresh=self._fresh))
 
     def run(self) -> FileResult:
         cp = self._resume_point()

@@ -4,6 +4,7 @@ and the check that its output keys fit S3's limit. Used by :class:`~s3batch.acti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from s3batch.sinks.spec import PostgresSink
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from s3batch.activities.file_job import FileJob
     from s3batch.activities.rejected import RejectedLines
 
     from s3batch.config import Settings
@@ -108,6 +110,19 @@ def open_file_sink(
     return open_sink(
         req.sink, folder, pools=pools, job_id=req.job_id, bucket=req.bucket, where=where, rejected_of=req.rejected_of
     )
+
+
+def read_as_begun(job: FileJob, cp: Checkpoint) -> Checkpoint:
+    """``cp``, where the file's attempt starts, and the file read as its import began: a table's import that
+    writes unquoted empty CSV fields NULL (``Reading.empty_null``) says so in its checkpoints from the first on; one
+    begun by a release that wrote them '' goes on so (its reading changed), not half one way, half the other."""
+    if not job.reading.empty_null:
+        return cp
+    if not cp.next_record:
+        return cp.model_copy(update={"empty_null": True})
+    if not cp.empty_null:
+        job.reading = job.source.reading = dataclasses.replace(job.reading, empty_null=False)
+    return cp
 
 
 def check_key_length(req: ProcessFileInput, compression: Compression | None, where: str) -> None:

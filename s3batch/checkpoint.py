@@ -78,6 +78,9 @@ class Checkpoint(BaseModel):
     (a table's checkpoint is a record and byte position, valid for any chunk size; see :class:`FileOutput`)."""
     source_column: str | None = None
     """A table's checkpoint: the column its rows carry their file's identity in (``on_reimport: replace``)."""
+    empty_null: bool | None = None
+    """A table's checkpoint: its file's unquoted empty CSV fields are written NULL (``empty_as``). None: not (or by
+    a release before the option, which wrote them ''): a file resumed from such a checkpoint goes on writing ''."""
 
     @model_serializer(mode="wrap")
     def _omit_unused(self, handler: SerializerFunctionWrapHandler) -> Any:
@@ -85,7 +88,7 @@ class Checkpoint(BaseModel):
         # (workers of two releases write the same part metadata during a rolling upgrade).
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("reject_reasons", "delimiter_hint", "rows_fingerprint", "source_column"):
+            for name in ("reject_reasons", "delimiter_hint", "rows_fingerprint", "source_column", "empty_null"):
                 if not data.get(name, True):
                     del data[name]
         return data

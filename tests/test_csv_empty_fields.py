@@ -25,17 +25,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from s3batch.activities import file_job
+from s3batch.activities.s3_activities import S3Activities
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from s3batch.checkpoint import Checkpoint, FileOutput
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
+from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.fastcsv import FastCsvParser
-from s3batch.handlers import passthrough
+from s3batch.handlers import HandlerResult, chunk_handler, passthrough
 from s3batch.jsonvalues import encode_json
+from s3batch.messages import ObjectRef, ProcessFileInput
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.reading import Reading
@@ -356,3 +361,62 @@ def test_the_csv_copy_of_a_chunk_writes_null_for_unquoted_empty_fields(
         assert got == [(1, None, None), (2, "", None), (3, None, datetime.date(2001, 2, 3))]
     finally:
         pools.close()
+
+
+FIXED: list[bool] = []
+"""Set (non-empty) by a test: ``empty_until_fixed`` then passes every record."""
+
+
+@chunk_handler("empty_until_fixed")
+def _until_fixed(records: list[Record]) -> HandlerResult:
+    """``passthrough``, but a chunk holding a record whose ``u`` is BOOM fails until ``FIXED``."""
+    if not FIXED and any(r.value["u"] == "BOOM" for r in records):
+        raise RuntimeError("cannot write BOOM yet")
+    return HandlerResult([r.value for r in records], [])
+
+
+def test_a_file_begun_writing_empty_strings_goes_on_so_after_the_upgrade(
+    s3: Any, buckets: tuple[str, str], pg: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose import an earlier release began (its checkpoints without ``empty_null``: unquoted empty fields
+    written '') and that this one resumes mid-file goes on writing '': the file is never half one way. A file
+    begun now says so in its checkpoints, and has NULLs."""
+    src, out = buckets
+    name = f"upgrade_{uuid.uuid4().hex[:8]}"
+    pg.execute(f"CREATE TABLE public.{name} (n integer, t text, u text)")
+    body = "n,t,u\n" + "".join(f"{n},,{'BOOM' if n == 60 else 'x'}\n" for n in range(100))
+    settings = Settings.explicit(postgres_dsns={"test": pg.dsn})
+
+    def attempt(key: str) -> Any:
+        head = s3.head_object(Bucket=src, Key=key)
+        req = ProcessFileInput(
+            job_id=f"job-{name}", bucket=src, obj=ObjectRef(key=key, etag=head["ETag"].strip('"'), size=len(body)),
+            output_bucket=out, output_prefix=f"{name}/", handler="empty_until_fixed", format="auto",
+            max_record_bytes=1 << 20, chunk_records=25,
+            sink=PostgresSink(type="postgres", connection="test", table=name),
+        )
+        return ActivityEnvironment().run(S3Activities(s3, settings).process_file, req)
+
+    def checkpoint(key: str) -> dict[str, Any]:
+        rows = pg.execute("SELECT checkpoint FROM public.s3batch_checkpoints WHERE source_bucket = %s AND "
+                          "source_key = %s", (src, key))
+        return rows[0][0]  # type: ignore[return-value]
+
+    for key in ("in/old.csv", "in/new.csv"):
+        s3.put_object(Bucket=src, Key=key, Body=body.encode())
+    with monkeypatch.context() as earlier:  # the earlier release: '' and no mark, until the chunk of line 62 fails
+        earlier.setattr(file_job, "read_as_begun", lambda job, cp: cp)
+        reading_of = file_job.reading_of
+        earlier.setattr(file_job, "reading_of", lambda *a: dataclasses.replace(reading_of(*a), empty_null=False))
+        with pytest.raises(Exception, match="empty_until_fixed"):
+            attempt("in/old.csv")
+    assert checkpoint("in/old.csv")["next_record"] == 50 and "empty_null" not in checkpoint("in/old.csv")
+    FIXED.append(True)
+    try:
+        assert attempt("in/old.csv").records_written == 100
+        assert attempt("in/new.csv").records_written == 100
+    finally:
+        FIXED.clear()
+    counts = pg.execute(f"SELECT u = 'x', count(t), count(*) FROM public.{name} GROUP BY 1 ORDER BY 1")
+    assert counts == [(False, 1, 2), (True, 99, 198)]  # old.csv: t '' in all 100 rows; new.csv: NULL in all
+    assert checkpoint("in/new.csv")["empty_null"] is True
