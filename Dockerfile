@@ -36,6 +36,11 @@ RUN pip install --no-cache-dir --no-deps /src \
 # ---------------------------------------------------------------------------- runtime stage
 FROM ${BASE_IMAGE}
 
+# GIT_COMMIT: the commit the image is built from (docker build --build-arg GIT_COMMIT=$(git rev-parse HEAD)).
+# With Worker Versioning on (S3BATCH_DEPLOYMENT_NAME set) and no S3BATCH_BUILD_ID, the worker's build ID
+# is the package version and this commit, so every image build is a version of its own (s3batch/versioning.py).
+ARG GIT_COMMIT=""
+
 # A fixed numeric uid/gid, so Kubernetes can verify runAsNonRoot without resolving a name.
 RUN groupadd --system --gid 10001 s3batch \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
@@ -46,6 +51,7 @@ COPY --from=build /opt/venv /opt/venv
 # S3BATCH_HEALTH_FILE: where the worker keeps its heartbeat (s3batch/health.py); /tmp is the one
 # place a non-root user (or a read-only root filesystem with an emptyDir on /tmp) can write.
 ENV PATH=/opt/venv/bin:$PATH \
+    S3BATCH_GIT_COMMIT=${GIT_COMMIT} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     S3BATCH_HEALTH_FILE=/tmp/s3batch-health.json

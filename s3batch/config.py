@@ -14,13 +14,14 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from s3batch import TASK_QUEUE
+from s3batch import TASK_QUEUE, versioning
 from s3batch.incremental import DEFAULT_MAX_LEDGER_BYTES
 
 
@@ -56,9 +57,20 @@ class PostgresConnection(BaseModel):
 class Settings(BaseSettings):
     """s3batch settings; a bad value fails at start-up with the variable's name."""
 
-    model_config = SettingsConfigDict(env_prefix="S3BATCH_", extra="ignore", use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(
+        env_prefix="S3BATCH_", extra="ignore", use_attribute_docstrings=True, validate_by_name=True
+    )
 
     task_queue: str = TASK_QUEUE
+    deployment_name: str = Field(
+        "", validation_alias=AliasChoices("S3BATCH_DEPLOYMENT_NAME", "TEMPORAL_DEPLOYMENT_NAME")
+    )
+    """Worker Versioning: the Worker Deployment this worker belongs to (``S3BATCH_DEPLOYMENT_NAME``, else
+    ``TEMPORAL_DEPLOYMENT_NAME``, as the Temporal Worker Controller sets it; no dot). Empty, and no build
+    ID either: versioning off. See :mod:`s3batch.versioning`."""
+    build_id: str = Field("", validation_alias=AliasChoices("S3BATCH_BUILD_ID", "TEMPORAL_WORKER_BUILD_ID"))
+    """Worker Versioning: this worker's build ID (``S3BATCH_BUILD_ID``, else ``TEMPORAL_WORKER_BUILD_ID``);
+    empty with a deployment name: the package version and the git commit baked into the image."""
     max_concurrent_files: int = Field(8, ge=1, le=1_000)
     """Activity slots of this worker (the whole container): files it processes at once. With several
     worker processes they are shared out between them."""
@@ -228,6 +240,19 @@ class Settings(BaseSettings):
         """The globs of ``S3BATCH_ALLOWED_SOURCES`` / ``S3BATCH_ALLOWED_OUTPUTS``; empty: any."""
         raw = self.allowed_sources if kind == "sources" else self.allowed_outputs
         return [g.strip() for g in raw.split(",") if g.strip()]
+
+    def worker_version(self) -> WorkerDeploymentVersion | None:
+        """The Worker Deployment Version this worker declares, None when versioning is off
+        (:func:`s3batch.versioning.worker_version`)."""
+        return versioning.worker_version(self.deployment_name, self.build_id)
+
+    @model_validator(mode="after")
+    def _valid_version(self) -> Settings:
+        try:
+            versioning.worker_version(self.deployment_name, self.build_id or "given")  # no git call at validation
+        except ValueError as err:
+            raise ValueError(f"S3BATCH_DEPLOYMENT_NAME / S3BATCH_BUILD_ID: {err}") from None
+        return self
 
     def processes(self) -> int:
         """The worker processes to run: ``worker_processes``, or the usable cores when it is 0,

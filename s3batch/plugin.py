@@ -14,6 +14,10 @@ search attributes when the worker starts. On a client (``Client.connect(plugins=
 also reaches every worker built from that client: give the plugin to one of the two) it installs
 the data converter; on a ``Replayer``, the converter and the workflow.
 
+With ``deployment_version`` (a ``WorkerDeploymentVersion``), every worker it configures polls as that
+version of a Worker Deployment (Worker Versioning, see :mod:`s3batch.versioning`): each run of a job is
+pinned to the version it started on. Without it, workers poll unversioned, as before.
+
 It reads no environment variable: every setting is an argument. ``S3BatchPlugin.from_settings(
 Settings())`` configures it from the ``S3BATCH_*`` variables, as ``s3batch-worker`` does.
 """
@@ -27,6 +31,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
@@ -41,6 +46,7 @@ from s3batch.codec import EncryptionCodec
 from s3batch.config import Settings
 from s3batch.s3io import make_client
 from s3batch.search_attributes import ensure_registered
+from s3batch.versioning import check_version, deployment_config
 from s3batch.workflows.batch import S3BatchWorkflow
 
 if TYPE_CHECKING:
@@ -108,6 +114,9 @@ class S3BatchPlugin(SimplePlugin):
             :data:`DEFAULT_HEARTBEAT_THROTTLE`, 2 s): how soon a cancellation and fresh progress reach
             a running file. A worker given a shorter throttle keeps its own; for a longer one (fewer
             heartbeat requests, slower cancellation), give it here.
+        deployment_version: The Worker Deployment Version (deployment name and build ID) the workers
+            poll as, with Worker Versioning, their runs pinned by default; None: unversioned. A worker
+            given its own ``deployment_config`` keeps it (give it ``default_versioning_behavior``).
     """
 
     def __init__(
@@ -119,9 +128,14 @@ class S3BatchPlugin(SimplePlugin):
         allow_plaintext: bool = False,
         register_search_attributes: bool = True,
         heartbeat_throttle: timedelta = DEFAULT_HEARTBEAT_THROTTLE,
+        deployment_version: WorkerDeploymentVersion | None = None,
     ) -> None:
         if heartbeat_throttle <= timedelta(0):
             raise ValueError(f"heartbeat_throttle must be positive, got {heartbeat_throttle}")
+        if deployment_version is not None:
+            check_version(deployment_version)
+        self.deployment_version = deployment_version
+        """The Worker Deployment Version of the workers this plugin configures; None: unversioned."""
         self._s3 = s3
         self.settings = settings if settings is not None else Settings.explicit()
         """The activities' data-path settings."""
@@ -145,8 +159,9 @@ class S3BatchPlugin(SimplePlugin):
 
     @classmethod
     def from_settings(cls, settings: Settings, s3: S3Client | None = None) -> S3BatchPlugin:
-        """The plugin as ``s3batch-worker`` configures it: keyring, strict mode, heartbeat throttle
-        and data-path settings from ``settings`` (``Settings()`` reads the ``S3BATCH_*`` variables).
+        """The plugin as ``s3batch-worker`` configures it: keyring, strict mode, heartbeat throttle,
+        worker version and data-path settings from ``settings`` (``Settings()`` reads the
+        ``S3BATCH_*`` variables).
 
         Raises:
             KeyringError: The encryption settings are not usable (the message names the variable).
@@ -158,6 +173,7 @@ class S3BatchPlugin(SimplePlugin):
             encryption_key=settings.keyring(),
             allow_plaintext=settings.allow_plaintext(),
             heartbeat_throttle=DEFAULT_HEARTBEAT_THROTTLE if throttle is None else timedelta(seconds=throttle),
+            deployment_version=settings.worker_version(),
         )
 
     @property
@@ -207,6 +223,9 @@ class S3BatchPlugin(SimplePlugin):
         config["max_heartbeat_throttle_interval"] = self._throttle(config.get("max_heartbeat_throttle_interval"))
         default = config.get("default_heartbeat_throttle_interval")
         config["default_heartbeat_throttle_interval"] = self._throttle(default)
+        versioned = config.get("deployment_config") or config.get("build_id") or config.get("use_worker_versioning")
+        if self.deployment_version is not None and not versioned:
+            config["deployment_config"] = deployment_config(self.deployment_version)
         return config
 
     def _throttle(self, current: timedelta | None) -> timedelta:

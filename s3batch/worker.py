@@ -7,16 +7,21 @@ checkpoint, and continue on another worker about a second later.
 
 With ``S3BATCH_WORKER_PROCESSES`` (default: the container's cores) above 1, ``main`` runs
 :class:`~s3batch.supervisor.Supervisor` instead, which starts that many of these workers, one per core.
+
+``--deployment-name`` and ``--build-id`` (also ``s3batch worker ...``) set ``S3BATCH_DEPLOYMENT_NAME``
+and ``S3BATCH_BUILD_ID`` for this process and its worker processes: the worker polls as that version
+of a Worker Deployment (Worker Versioning, :mod:`s3batch.versioning`); without either, unversioned.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from temporalio.worker import Worker
@@ -27,6 +32,7 @@ from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
 from s3batch.plugin import S3BatchPlugin
 from s3batch.supervisor import SUPERVISOR_PID_ENV, Supervisor, die_with_parent
+from s3batch.versioning import describe
 
 log = logging.getLogger("s3batch.worker")
 
@@ -66,6 +72,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     """
     settings.import_handler_modules()
     plugin = S3BatchPlugin.from_settings(settings)
+    log.info("worker version: %s", describe(plugin.deployment_version))
     runtime = metrics_runtime(settings.metrics_address) if settings.metrics_address else None
     client = await connect([plugin], runtime)
     worker = Worker(
@@ -78,13 +85,15 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     )
     # The health reporter exits first: the worker reports unhealthy as soon as it stops polling.
     async with worker, HealthReporter.from_env(client, worker, task_queue=settings.task_queue):
+        version = plugin.deployment_version
         log.info(
-            "worker polling task queue %r on %s (namespace %s), %d file slots, pid %d",
+            "worker polling task queue %r on %s (namespace %s), %d file slots, pid %d, %s",
             settings.task_queue,
             client.service_client.config.target_host,
             client.namespace,
             settings.max_concurrent_files,
             os.getpid(),
+            f"version {version.deployment_name}:{version.build_id}" if version else "unversioned",
         )
         if settings.metrics_address:
             log.info("Prometheus metrics at http://%s/metrics", settings.metrics_address)
@@ -93,10 +102,37 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     log.info("worker stopped")
 
 
-def main() -> None:
+def add_version_flags(parser: argparse.ArgumentParser) -> None:
+    """``--deployment-name`` and ``--build-id``, shared by ``s3batch-worker`` and ``s3batch worker``."""
+    parser.add_argument(
+        "--deployment-name",
+        help="Worker Versioning: the Worker Deployment this worker belongs to (S3BATCH_DEPLOYMENT_NAME; "
+        "default s3batch when a build ID is given). Neither given: unversioned.",
+    )
+    parser.add_argument(
+        "--build-id",
+        help="Worker Versioning: this worker's build ID (S3BATCH_BUILD_ID; default with a deployment name: "
+        "the package version and the git commit of the image).",
+    )
+
+
+def set_version_flags(args: argparse.Namespace) -> None:
+    """The flags as the variables they stand for, so the worker processes of a supervisor get them too."""
+    if args.deployment_name is not None:
+        os.environ["S3BATCH_DEPLOYMENT_NAME"] = args.deployment_name
+    if args.build_id is not None:
+        os.environ["S3BATCH_BUILD_ID"] = args.build_id
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="s3batch-worker", description="Run the s3batch worker (configuration: the environment, see the README)."
+    )
+    add_version_flags(parser)
     supervisor_pid = os.environ.get(SUPERVISOR_PID_ENV)
     if supervisor_pid:
         die_with_parent(int(supervisor_pid))  # first: no child may outlive a killed supervisor
+    set_version_flags(parser.parse_args(argv))
     settings = Settings()
     placeholders = placeholder_secrets()
     if placeholders:

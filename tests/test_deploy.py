@@ -126,13 +126,17 @@ def dockerfile_final_stage() -> list[tuple[str, str]]:
 def image_config() -> dict[str, Any]:
     """ENV, ENTRYPOINT and CMD of the image the Dockerfile builds."""
     env: dict[str, str] = {}
+    build_args: dict[str, str] = {}
     entrypoint: list[str] = []
     cmd: list[str] = []
     for word, args in dockerfile_final_stage():
-        if word == "ENV":
+        if word == "ARG":  # a build argument's default, as a build without --build-arg sees it
+            key, _, value = shlex.split(args)[0].partition("=")
+            build_args[key] = value
+        elif word == "ENV":
             for item in shlex.split(args):
                 key, _, value = item.partition("=")
-                env[key] = value
+                env[key] = re.sub(r"\$\{(\w+)\}", lambda m: build_args.get(m[1], env.get(m[1], m[0])), value)
         elif word == "ENTRYPOINT":
             entrypoint = json.loads(args)
         elif word == "CMD":

@@ -28,6 +28,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
@@ -359,7 +360,8 @@ class S3BatchWorkflow:
         # Only the fields the user gave: a worker of an older version, which knows no field added
         # since, can still read the job.
         given = self._given or spec
-        workflow.continue_as_new(args=[given.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")])
+        args = [given.model_dump(mode="json", exclude_unset=True), st.model_dump(mode="json")]
+        workflow.continue_as_new(args=args, initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE)
 
     async def _finish(self) -> S3BatchResult:
         st = self._state

@@ -38,3 +38,7 @@ HAND_OVER_FAILED_ATTEMPT = "hand-over-failed-attempt"
 """A file (or one of its splits) whose attempt failed, for a reason a retry may pass, after a hand-over asked it to
 stop is handed over like the others: the server retries no activity it was asked to cancel, so the failure only
 says the hand-over came first (before: the file was recorded failed, with attempts left)."""
+UPGRADE_ON_NEW_VERSION = "upgrade-on-new-version"
+"""Worker Versioning: a run that sees a newer worker version made current (or ramping to it) starts no more
+files and hands its files in flight over to its continue-as-new successor, which starts on that version
+(before: it went on to its ``files_per_run`` files, keeping the old version's workers busy that long)."""

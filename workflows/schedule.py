@@ -14,7 +14,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.patches import LARGEST_FIRST
+    from s3batch.workflows.patches import LARGEST_FIRST, UPGRADE_ON_NEW_VERSION
 
     from s3batch.errors import NON_RETRYABLE_TYPES
     from s3batch.messages import (
@@ -133,9 +133,20 @@ def listing_input(spec: S3BatchInput, st: JobState, page_size: int) -> ListObjec
 
 
 def run_is_full(st: JobState, started: int) -> bool:
-    """The run has started its ``files_per_run`` files (or its history is long enough): it starts
-    no more, and continues as new once its files in flight are done."""
-    return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested()
+    """The run has started its ``files_per_run`` files (or its history is long enough, or a newer
+    worker version is current): it starts no more, and continues as new once its files in flight are
+    done (or handed over: ``HAND_OVER_GRACE``)."""
+    return started >= st.files_per_run or workflow.info().is_continue_as_new_suggested() or new_version_current()
+
+
+def new_version_current() -> bool:
+    """Worker Versioning: since this run started, another version of the workers became its target (made
+    current, or ramping and chosen for this job). The run is pinned to its own version; its successor
+    starts on the target one (``s3batch.versioning``), so the sooner it continues as new, the sooner the
+    old version drains. The flag comes with a workflow task, so it is seen when a file ends or an update
+    arrives. Always False on unversioned workers."""
+    info = workflow.info()
+    return info.is_target_worker_deployment_version_changed() and workflow.patched(UPGRADE_ON_NEW_VERSION)
 
 
 def largest_first(objects: list[ObjectRef]) -> list[ObjectRef]:

@@ -10,6 +10,8 @@
     s3batch redrive ID [--id NEW_ID] [--wait] # a new job over the files that failed in ID
     s3batch redrive --rejected ID [--wait]   # ... over the records ID rejected, once their cause is fixed
     s3batch list [--running] [--source BUCKET/PREFIX] [--json]
+    s3batch worker [--deployment-name D] [--build-id B]   # run a worker (a version of a Worker Deployment)
+    s3batch deploy status | promote BUILD_ID [--ramp PCT] | rollback   # which version takes new jobs
 
 ``pause``, ``resume`` and ``set-concurrency`` are workflow updates, so
 ``temporal workflow update execute --name pause --workflow-id ID`` does the same (``set_concurrency``
@@ -48,7 +50,7 @@ from typing import Any, NoReturn
 from botocore.exceptions import BotoCoreError
 from temporalio.service import RPCError
 
-from s3batch.cli import control, jobs, schedule, watch
+from s3batch.cli import control, deploy, jobs, schedule, watch
 from s3batch.cli.output import EXIT_FAILED, CliError, environment_error, err_out, exit_code, safe_line
 from s3batch.client import ClientError
 from s3batch.errors import S3BatchError
@@ -108,12 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_list(commands)
     schedule.add_schedule(commands)
     schedule.add_backfill(commands)
+    deploy.add_worker(commands)
+    deploy.add_deploy(commands)
     return parser
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` and return its exit code (for callers in Python)."""
     args = build_parser().parse_args(argv)
+    if getattr(args, "in_process", False):
+        return int(args.func(args))  # s3batch worker: runs its own event loop and signal handlers
     try:
         return asyncio.run(args.func(args))
     except CliError as err:

@@ -7,6 +7,7 @@ import json
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -14,9 +15,11 @@ from pydantic.fields import FieldInfo
 from temporalio.client import Client
 
 from s3batch import client as api
+from s3batch.cli.deploy import print_run_versions
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
 from s3batch.client import plan
+from s3batch.client.deployments import run_versions
 from s3batch.models import S3BatchInput
 from s3batch.sinks.spec import destination
 from s3batch.validation import describe_validation_error
@@ -253,10 +256,12 @@ async def print_plan(job: S3BatchInput, *, as_json: bool) -> int:
 async def cmd_status(args: argparse.Namespace) -> int:
     client = await api.connect()
     view = await api.describe(client, args.workflow_id)
+    runs = await run_versions(client, args.workflow_id)
     if args.json:
-        print_json(view.to_json())
+        print_json({**view.to_json(), "runs": [asdict(r) for r in runs]})
     else:  # an ended job's report: a failed job's counts, where a sink job's records went
         print_view(view, await api.ended_report(client, args.workflow_id) if view.status != "running" else None)
+        print_run_versions(runs)
     return EXIT_OK
 
 
@@ -267,6 +272,7 @@ async def cmd_report(args: argparse.Namespace) -> int:
         print_json(json.loads(stored.report.to_json()))  # as written to S3
     else:
         print_report(stored)
+        print_run_versions(await run_versions(client, args.workflow_id))
     return EXIT_OK
 
 
