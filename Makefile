@@ -100,6 +100,13 @@ worker: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
+# An upgrade with Worker Versioning on the local stack: jobs running on build v1, v2 started beside it and
+# made current, new jobs on v2, running runs finishing on v1 or moving at their next file end, v1 stopped
+# once drained (scripts/upgrade_demo.py; README, "Upgrading with running jobs").
+.PHONY: upgrade-demo
+upgrade-demo: $(STAMP)
+	$(BIN)/python scripts/upgrade_demo.py
+
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 

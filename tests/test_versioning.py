@@ -172,6 +172,12 @@ async def test_a_new_version_takes_new_runs_while_running_ones_finish_on_theirs_
     promoted_at = time.time()
     assert switched == "v2"
     c = await start_job(client, task_queue, src, out, "c")
+
+    async def v1_runs() -> int | None:  # a's run, pinned to v1 (the server's visibility, so polled)
+        v1_view = (await describe_deployment(client, deployment)).version("v1")
+        return v1_view.running if v1_view else None
+
+    assert await wait_for(v1_runs, 5, "a run of v1 counted by s3batch deploy status")
     for handle in (a, b, c):
         result = await asyncio.wait_for(handle.result(), 90)
         assert result.status == "succeeded", result

@@ -43,12 +43,13 @@ def _print(view: DeploymentView, as_json: bool, done: str | None = None) -> None
         when = [f"{t:%Y-%m-%d %H:%M:%S}" if t else "" for t in (v.created, v.last_current)]
         table.add_row(cell(v.build_id), cell(v.status), running, *when)
     out.print(table)
-    draining = [v.build_id for v in view.versions if v.status == "draining"]
-    drained = [v.build_id for v in view.versions if v.status == "drained"]
+    draining = [v.build_id for v in view.versions if v.status == "draining" and v.running != 0]
+    done = [v.build_id for v in view.versions if v.status == "drained" or (v.status == "draining" and v.running == 0)]
     if draining:
         out.print(f"  draining: {', '.join(draining)}: runs are still pinned there, keep their workers running")
-    if drained:
-        out.print(f"  drained: {', '.join(drained)}: no run needs them, their workers may stop")
+    if done:
+        # The server marks a version drained a few minutes after its last pinned run ended.
+        out.print(f"  drained (no running run): {', '.join(done)}: no run needs them, their workers may stop")
 
 
 def print_run_versions(runs: list[RunVersion]) -> None:
