@@ -44,12 +44,12 @@ def _print(view: DeploymentView, as_json: bool, done: str | None = None) -> None
         table.add_row(cell(v.build_id), cell(v.status), running, *when)
     out.print(table)
     draining = [v.build_id for v in view.versions if v.status == "draining" and v.running != 0]
-    done = [v.build_id for v in view.versions if v.status == "drained" or (v.status == "draining" and v.running == 0)]
+    idle = [v.build_id for v in view.versions if v.status == "drained" or (v.status == "draining" and v.running == 0)]
     if draining:
         out.print(f"  draining: {', '.join(draining)}: runs are still pinned there, keep their workers running")
-    if done:
+    if idle:
         # The server marks a version drained a few minutes after its last pinned run ended.
-        out.print(f"  drained (no running run): {', '.join(done)}: no run needs them, their workers may stop")
+        out.print(f"  drained (no running run): {', '.join(idle)}: no run needs them, their workers may stop")
 
 
 def print_run_versions(runs: list[RunVersion]) -> None:
