@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
 from typing import Any
 
 import pytest
@@ -122,3 +124,32 @@ def test_put_with_server_side_encryption_options_goes_through_boto3(
         return
     assert [r.status for r in results] == ["succeeded"]
     assert "PutObject" in calls
+
+
+def test_data_requests_carry_the_expected_bucket_owner_and_the_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What obstore sends, seen by a server that answers 404 to everything: the owner boto3's requests carry
+    # (S3 then refuses a bucket of another account), the listed ETag and the range; a 404 is NotFound.
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_port}")
+        stores = data_stores(make_client(expected_bucket_owner="123456789012"))
+        assert stores is not None
+        with pytest.raises(NotFound):
+            stores.get("bucket", "a/key.csv", etag="abc", start=5, end=10)
+    finally:
+        server.shutdown()
+    assert seen[0]["x-amz-expected-bucket-owner"] == "123456789012"
+    assert (seen[0]["if-match"], seen[0]["range"]) == ('"abc"', "bytes=5-9")
