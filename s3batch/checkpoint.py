@@ -341,7 +341,7 @@ class FileOutput:
         metadata = {CHECKPOINT_METADATA: raw, **self.marks}
         if self._secret is not None:
             metadata[CHECKPOINT_MAC_METADATA] = checkpoint_mac(self._secret, self.bucket, key, raw)
-        stores = None if self._put_params or not raw.isascii() else data_stores(self.s3)
+        stores = None if self._put_params or not raw.isascii() else data_stores(self.s3, key)
         if stores is not None:  # the same request, through obstore
             etag = stores.put(self.bucket, key, body, content_type, metadata)
         else:

@@ -3,14 +3,16 @@
 A small file costs a GET and a PUT; in boto3 each costs 1-4 ms of the worker's CPU (event hooks, signing,
 response parsing: issue 31, ``docs/PERFORMANCE.md``), several times the file's own work. obstore (Rust
 ``object_store`` bindings) makes the same request for about a tenth of that. It is used for those two
-requests only; everything else (listing, HEADs of checkpoints, deletes, reports, manifests) stays on the
-boto3 client, and so does the configuration: the endpoint, region, credentials (boto3's own chain, asked
-again as they expire), the expected bucket owner, come from boto3. The requests carry the same conditions
+requests only (a manifest is read by the same reader as a source); everything else (listing, HEADs of
+checkpoints, deletes, reports) stays on the boto3 client, and so does the configuration: the endpoint,
+region, credentials (boto3's own chain, asked again as they expire), the expected bucket owner, come from
+boto3. The requests carry the same conditions
 (``If-Match`` with the listed ETag, ``VersionId``) and the same user metadata, and their errors become the
 same s3batch errors (:func:`s3batch.s3io.raise_s3_error`).
 
 ``S3BATCH_DATA_CLIENT=boto3`` (or obstore not installed) keeps every request on boto3. A PUT with
-server-side encryption options, or with metadata that is not ASCII, goes through boto3 as well.
+server-side encryption options, or with metadata that is not ASCII, goes through boto3 as well, and so does
+every request for a key obstore would not send as it is (:func:`addressable`).
 """
 
 from __future__ import annotations
@@ -87,8 +89,11 @@ class DataStores:
         attempts = retries.get("total_max_attempts") or retries.get("max_attempts", 4) + 1
         # The client's timeouts and retries (a user's own client may have others than make_client's): a read
         # stalled for read_timeout fails and is retried, as in botocore; the whole request has no limit of its own.
-        self._options = {"connect_timeout": f"{config.connect_timeout}s", "read_timeout": f"{config.read_timeout}s",
-                         "timeout": "3600s"}
+        self._options = {
+            "connect_timeout": f"{config.connect_timeout}s",
+            "read_timeout": f"{config.read_timeout}s",
+            "timeout": "3600s",
+        }
         self._retry = {"max_retries": max(0, int(attempts) - 1)}
         self._stores: dict[str, S3Store] = {}
         self._lock = threading.Lock()
@@ -193,13 +198,28 @@ def _raise(err: Exception, action: str, bucket: str, key: str) -> NoReturn:
     raise_s3_error(ClientError({"Error": {"Code": code, "Message": str(err)[:300]}}, action), action, bucket, key)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def addressable(key: str) -> bool:
+    """Whether obstore sends ``key`` to S3 as it is. Its paths are not S3's keys: a leading or trailing ``/``
+    is dropped (``/a`` and ``a/`` would read ``a``, another object), and a key with an empty, ``.`` or ``..``
+    segment or an ASCII control character is refused. Any such key goes through boto3, which sends every key."""
+    if not key or key.startswith("/") or key.endswith("/") or _CONTROL.search(key):
+        return False
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
 _ALL: weakref.WeakKeyDictionary[Any, DataStores | None] = weakref.WeakKeyDictionary()
 _ALL_LOCK = threading.Lock()
 
 
-def data_stores(client: S3Client) -> DataStores | None:
+def data_stores(client: S3Client, key: str | None = None) -> DataStores | None:
     """The obstore stores for the data requests of ``client`` (made once per client), or None where its data
-    requests stay on boto3 (``S3BATCH_DATA_CLIENT=boto3``, obstore missing, or ``client`` not a boto3 client)."""
+    requests stay on boto3 (``S3BATCH_DATA_CLIENT=boto3``, obstore missing, or ``client`` not a boto3 client),
+    and where the request is for a ``key`` obstore would not send as it is."""
+    if key is not None and not addressable(key):
+        return None
     try:
         return _ALL[client]
     except KeyError:

@@ -192,7 +192,7 @@ class RangedReader(io.RawIOBase):
             kwargs["VersionId"] = self._version_id
         from s3batch.objects import data_stores
 
-        stores = data_stores(self._client)
+        stores = data_stores(self._client, self._key)
         if stores is not None:  # the same request, through obstore
             got = stores.get(
                 self._bucket, self._key, etag=self._etag, start=self._pos, end=end + 1, version_id=self._version_id

@@ -139,9 +139,12 @@ def _get_ranges(client: Any) -> list[str]:
     return ranges
 
 
-def test_a_page_of_a_plain_manifest_starts_where_the_page_before_ended(s3: Any, buckets: tuple[str, str]) -> None:
+def test_a_page_of_a_plain_manifest_starts_where_the_page_before_ended(
+    s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """3,000 rows in pages of 500: each page after the first is a ranged GET from the byte where the
     page before ended, on the same worker process; a gzip manifest is read on from where it was left."""
+    monkeypatch.setenv("S3BATCH_DATA_CLIENT", "boto3")  # every GET on the counted client's events
     src, out = buckets
     keys = [f"in/{i:05d},x.csv" for i in range(3_000)]  # quoted: the offsets count the quotes
     body = _manifest(src, keys, "csv")
