@@ -5,8 +5,8 @@ response parsing: issue 31, ``docs/PERFORMANCE.md``), several times the file's o
 ``object_store`` bindings) makes the same request for about a tenth of that. It is used for those two
 requests only (a manifest is read by the same reader as a source); everything else (listing, HEADs of
 checkpoints, deletes, reports) stays on the boto3 client, and so does the configuration: the endpoint,
-region, credentials (boto3's own chain, asked again as they expire), the expected bucket owner, come from
-boto3. The requests carry the same conditions
+region, credentials (the client's own: its keys, or its chain's, asked again as they expire), the expected
+bucket owner, come from boto3. The requests carry the same conditions
 (``If-Match`` with the listed ETag, ``VersionId``) and the same user metadata, and their errors become the
 same s3batch errors (:func:`s3batch.s3io.raise_s3_error`).
 
@@ -21,6 +21,7 @@ import re
 import threading
 import weakref
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from botocore import UNSIGNED
@@ -65,24 +66,47 @@ class _Body:
         self._chunks = iter(())
 
 
+class ClientCredentials:
+    """A boto3 client's own credentials, for obstore: the keys it was made with, or its session's chain (a
+    role's temporary keys refreshed by botocore as they near their end). obstore keeps each answer until its
+    ``expires_at``: at most five minutes, and never past the keys' own expiry."""
+
+    def __init__(self, client: S3Client) -> None:
+        # botocore keeps them on the client's signer (no public accessor); a client made with explicit keys
+        # must sign with those, not with whatever the default chain finds.
+        self._credentials = client._request_signer._credentials
+
+    def __call__(self) -> dict[str, Any]:
+        if self._credentials is None:
+            raise ValueError("the S3 client has no credentials (boto3 found none in its chain)")
+        frozen = self._credentials.get_frozen_credentials()  # refreshed by botocore first where due
+        now = datetime.now(UTC)
+        until = now + timedelta(minutes=5)
+        expiry = getattr(self._credentials, "_expiry_time", None)
+        if expiry is not None:
+            until = max(min(until, expiry - timedelta(seconds=60)), now + timedelta(seconds=5))
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": until,
+        }
+
+
 class DataStores:
     """obstore stores (one per bucket) made from a boto3 client's configuration.
 
     Args:
-        client: The worker's boto3 S3 client: its endpoint and region are used, its session's credential chain.
+        client: The worker's boto3 S3 client: its endpoint, region and credentials are used.
         owner: The expected bucket owner sent on every request (``x-amz-expected-bucket-owner``), or empty.
     """
 
     def __init__(self, client: S3Client, owner: str) -> None:
-        import boto3
-        from obstore.auth.boto3 import Boto3CredentialProvider
-
         self._endpoint = client.meta.endpoint_url
         self._region = client.meta.region_name or "us-east-1"
         # An unsigned client (public buckets) signs nothing here either.
-        session = boto3.session.Session(region_name=self._region)
         unsigned = client.meta.config.signature_version is UNSIGNED
-        self._credentials = None if unsigned else Boto3CredentialProvider(session)
+        self._credentials = None if unsigned else ClientCredentials(client)
         self._owner = owner
         config = client.meta.config
         retries = config.retries or {}
@@ -133,7 +157,7 @@ class DataStores:
                     config=config,
                     client_options=options,
                     retry_config=self._retry,  # type: ignore[arg-type]
-                    credential_provider=self._credentials,
+                    credential_provider=self._credentials,  # type: ignore[arg-type]
                 )
         return store
 

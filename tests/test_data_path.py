@@ -137,10 +137,8 @@ def test_put_with_server_side_encryption_options_goes_through_boto3(
     assert "PutObject" in calls
 
 
-def test_data_requests_carry_the_expected_bucket_owner_and_the_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
-    # What obstore sends, seen by a server that answers 404 to everything: the owner boto3's requests carry
-    # (S3 then refuses a bucket of another account), the listed ETag and the range; a 404 is NotFound.
-    seen: list[dict[str, str]] = []
+def _recording_server(seen: list[dict[str, str]]) -> http.server.HTTPServer:
+    """A server on loopback that answers 404 to every GET and keeps each request's headers."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -154,6 +152,40 @@ def test_data_requests_carry_the_expected_bucket_owner_and_the_conditions(monkey
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_data_requests_are_signed_with_the_clients_own_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A client made with keys of its own (a plugin given a user's client): obstore signs with those, not with
+    # what the default chain finds in the environment (before: the environment's keys, another identity).
+    seen: list[dict[str, str]] = []
+    server = _recording_server(seen)
+    try:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAENVIRONMENTKEY00")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "environment-secret")
+        import boto3
+
+        own = boto3.session.Session().client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{server.server_port}",
+            region_name="us-east-1",
+            aws_access_key_id="AKIACLIENTSOWNKEY000",
+            aws_secret_access_key="client-secret",
+        )
+        stores = data_stores(own)
+        assert stores is not None
+        with pytest.raises(NotFound):
+            stores.get("bucket", "a/key.csv", etag="abc", start=0, end=10)
+    finally:
+        server.shutdown()
+    assert "Credential=AKIACLIENTSOWNKEY000/" in seen[0]["authorization"], seen[0]["authorization"]
+
+
+def test_data_requests_carry_the_expected_bucket_owner_and_the_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What obstore sends, seen by a server that answers 404 to everything: the owner boto3's requests carry
+    # (S3 then refuses a bucket of another account), the listed ETag and the range; a 404 is NotFound.
+    seen: list[dict[str, str]] = []
+    server = _recording_server(seen)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_port}")
         stores = data_stores(make_client(expected_bucket_owner="123456789012"))
@@ -215,3 +247,24 @@ _EXAMPLES = itertools.count()
 def test_keys_obstore_would_alter_are_not_given_to_it() -> None:
     assert all(addressable(k) for k in ["a", "a/b.csv", "a b%20+c", "ü/😀", "...", "a/...", "a\\b", "a\x85b"])
     assert not any(addressable(k) for k in ["", "/a", "a/", "a//b", "./a", "a/../b", "a/.", "a\tb", "a\x7fb", "a\x00"])
+
+
+def test_temporary_keys_are_asked_again_before_they_expire() -> None:
+    # obstore keeps an answer until its expires_at: never past the keys' own end (a role's keys refreshed by
+    # botocore), at most five minutes for keys without one.
+    from datetime import UTC, datetime, timedelta
+
+    from botocore.credentials import Credentials, RefreshableCredentials
+
+    from s3batch.objects import ClientCredentials
+
+    ends = datetime.now(UTC) + timedelta(minutes=20)
+    temporary = RefreshableCredentials(
+        "AKIATEMPORARY0000000", "s", "token", ends, refresh_using=lambda: {}, method="assume-role"
+    )
+    for keys, latest in [(temporary, ends - timedelta(seconds=60)), (Credentials("AKIASTATIC", "s"), None)]:
+        client = make_client()
+        client._request_signer._credentials = keys
+        answer = ClientCredentials(client)()
+        assert answer["access_key_id"] == keys.access_key
+        assert answer["expires_at"] <= (latest or datetime.now(UTC) + timedelta(minutes=5))
