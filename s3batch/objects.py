@@ -17,11 +17,13 @@ every request for a key obstore would not send as it is (:func:`addressable`).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import weakref
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from botocore import UNSIGNED
@@ -107,6 +109,7 @@ class DataStores:
         # An unsigned client (public buckets) signs nothing here either.
         unsigned = client.meta.config.signature_version is UNSIGNED
         self._credentials = None if unsigned else ClientCredentials(client)
+        self._tls = _tls_options(client)
         self._owner = owner
         config = client.meta.config
         retries = config.retries or {}
@@ -150,6 +153,7 @@ class DataStores:
                     # AWS_ENDPOINT_URL_S3 says another (obstore reads the environment too, and that would win).
                     config["endpoint"] = config["aws_endpoint_url_s3"] = self._endpoint
                     options["allow_http"] = self._endpoint.startswith("http://")
+                options.update(self._tls)  # type: ignore[typeddict-item]
                 if self._owner:
                     options["default_headers"] = {"x-amz-expected-bucket-owner": self._owner}
                 store = self._stores[bucket] = S3Store(
@@ -222,6 +226,17 @@ def _raise(err: Exception, action: str, bucket: str, key: str) -> NoReturn:
     raise_s3_error(ClientError({"Error": {"Code": code, "Message": str(err)[:300]}}, action), action, bucket, key)
 
 
+def _tls_options(client: S3Client) -> dict[str, Any]:
+    """The client's certificate checks for obstore: a CA bundle of its own (``AWS_CA_BUNDLE``, ``verify=path``)
+    trusted beside the system's roots, or none (``verify=False``), as boto3 does for its requests."""
+    verify = getattr(getattr(getattr(client, "_endpoint", None), "http_session", None), "_verify", True)
+    if verify is False:
+        return {"allow_invalid_certificates": True}
+    if isinstance(verify, str):
+        return {"root_certificate": Path(verify).read_bytes()}
+    return {}
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -268,6 +283,9 @@ def _make(client: S3Client) -> DataStores | None:
         import obstore  # noqa: F401 - only whether it is installed
     except ImportError:
         return None
+    verify = getattr(getattr(getattr(client, "_endpoint", None), "http_session", None), "_verify", True)
+    if isinstance(verify, str) and os.path.isdir(verify):
+        return None  # a folder of CA certificates: obstore takes a bundle only
     # The owner make_client was given (or found in S3BATCH_EXPECTED_BUCKET_OWNER) for its own requests.
     owner = OWNERS.get(client)
     return DataStores(client, Settings().expected_bucket_owner if owner is None else owner)

@@ -268,3 +268,90 @@ def test_temporary_keys_are_asked_again_before_they_expire() -> None:
         answer = ClientCredentials(client)()
         assert answer["access_key_id"] == keys.access_key
         assert answer["expires_at"] <= (latest or datetime.now(UTC) + timedelta(minutes=5))
+
+
+def _tls_files(tmp_path: Any) -> tuple[str, str, str]:
+    """A private CA and a server certificate it signed for 127.0.0.1: (CA file, certificate, key)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("test CA", ca_key, "test CA", ca_key, True)
+    leaf = cert("127.0.0.1", key, "test CA", ca_key, False)
+    paths = (tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key")
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(paths[0]), str(paths[1]), str(paths[2])
+
+
+def test_an_endpoint_behind_a_private_ca_is_trusted_as_boto3_trusts_it(tmp_path: Any) -> None:
+    # A self-hosted S3 with a certificate of a private CA, given to boto3 as verify= (or AWS_CA_BUNDLE): obstore
+    # trusts that CA too (before: its requests failed the TLS handshake where boto3's succeeded, so every file
+    # failed), and a client with verify=False checks nothing in either.
+    import ssl
+
+    import boto3
+
+    ca, certificate, key = _tls_files(tmp_path)
+    seen: list[dict[str, str]] = []
+    server = _recording_server(seen)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certificate, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    endpoint = f"https://127.0.0.1:{server.server_port}"
+    try:
+        for verify in (ca, False):
+            own = boto3.session.Session().client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name="us-east-1",
+                verify=verify,
+                aws_access_key_id="AKIAEXAMPLE",
+                aws_secret_access_key="secret",
+            )
+            stores = data_stores(own)
+            assert stores is not None
+            with pytest.raises(NotFound):  # the server's 404: the handshake succeeded
+                stores.get("bucket", "a/key.csv", etag=None, start=0, end=None)
+        plain = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="AKIAEXAMPLE",
+            aws_secret_access_key="secret",
+        )
+        stores = data_stores(plain)
+        assert stores is not None
+        with pytest.raises(Exception) as refused:  # the CA is not trusted: no answer at all
+            stores.get("bucket", "a/key.csv", etag=None, start=0, end=None)
+        assert not isinstance(refused.value, NotFound)
+    finally:
+        server.shutdown()
+    assert len(seen) == 2
