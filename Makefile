@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml requirements-dev.lock
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	$(BIN)/pip install --quiet --no-deps -e .
+	# The project's own bytecode, written once (as the image's compileall does): where the environment sets
+	# PYTHONDONTWRITEBYTECODE, an editable install is otherwise compiled from source by every process and,
+	# in the workflow sandbox, by every workflow run (a stale file is recompiled in memory, never trusted).
+	$(BIN)/python -m compileall -q s3batch workflows activities worker.py
 	touch $(STAMP)
 
 install: $(STAMP)
