@@ -3,7 +3,7 @@
 #   docker build -t s3batch-worker .
 #   docker run --env-file worker.env s3batch-worker
 #
-# Configuration is the environment only (TEMPORAL_*, AWS_*, S3BATCH_*): see docs/DEPLOY.md.
+# Configuration is the environment only (TEMPORAL_*, AWS_*, S3BATCH_*): see docs/how-to/deploy.md.
 #
 # BASE_IMAGE: any Debian-based image with Python 3.11 as `python3` (the default, pinned; or a base
 # built from Debian packages, as `make test-container` does where no registry can be reached).
@@ -72,5 +72,5 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
 # Exec form: the worker is PID 1 and receives SIGTERM directly. It installs its own SIGTERM/SIGINT
 # handlers (the kernel ignores signals without a handler for PID 1); with S3BATCH_WORKER_PROCESSES above
 # 1 (the default on a container of several cores) it supervises its worker processes, forwarding SIGTERM
-# and reaping them itself (docs/DEPLOY.md section 10), so no init such as tini is needed.
+# and reaping them itself (docs/how-to/deploy.md section 10), so no init such as tini is needed.
 ENTRYPOINT ["s3batch-worker"]

@@ -4,8 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
+export NO_MKDOCS_2_WARNING = 1
 
-.PHONY: install test lint audit demo stack-up stack-down bench clean chromium
+.PHONY: install test lint audit demo stack-up stack-down bench clean chromium docs docs-serve
 
 # Exactly the locked versions (with their hashes), then the project itself: a release of a dependency
 # published since the lock never changes what the tests run on.
@@ -58,6 +59,16 @@ chromium:
 	      || echo "chromium could not be installed: the Web UI test will be skipped"; \
 	  else echo "chromium not installed (needs root and apt-get): the Web UI test will be skipped"; fi; }
 
+# The documentation site (mkdocs.yml; Material for MkDocs, mkdocstrings): built into site/ with --strict, so
+# a warning, a broken link or a missing anchor fails it. Its reference pages are generated from the code at
+# build time (scripts/mkdocs_hooks.py). `make docs-serve` rebuilds on every change, on 127.0.0.1:$(DOCS_PORT).
+DOCS_PORT ?= 8000
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir site
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
+
 AUDIT_VENV := .stack/audit-venv
 # Known vulnerabilities in the locked dependencies, with pip-audit in a venv of its own. Offline-tolerant:
 # where pip-audit cannot be installed or the service cannot be reached, skipped with a message (exit 0);
@@ -79,7 +90,7 @@ audit:
 	  [ $$status -eq 0 ] || exit $$status; \
 	done
 
-# The worker image built and run for real on a Docker engine (scripts/container/test.sh; docs/DEPLOY.md):
+# The worker image built and run for real on a Docker engine (scripts/container/test.sh; docs/how-to/deploy.md):
 # an engine (Debian's docker.io, installed and started where none runs; root and apt-get needed, else
 # skipped with a message), the Debian base image built once and cached, the worker image, then
 # tests/test_container.py against the local test stack. Stops the engine it started and removes what
@@ -115,4 +126,4 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 clean: stack-down
-	rm -rf $(VENV) .stack .bench
+	rm -rf $(VENV) .stack .bench site

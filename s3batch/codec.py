@@ -4,7 +4,7 @@ Job inputs name buckets, prefixes and object keys; checkpoints carry ETags; fail
 messages that name them. None of that is record data or a secret, but some teams consider object
 keys sensitive. With a key set (the same on every worker and client), the Temporal server only
 stores ciphertext for payloads and for the message and stack trace of failures (see
-docs/SECURITY.md for what it still sees). ``python -m s3batch.codec serve`` runs a codec server
+docs/explanation/security.md for what it still sees). ``python -m s3batch.codec serve`` runs a codec server
 (:mod:`s3batch.codec_server`) so the Temporal Web UI (``--ui-codec-endpoint`` or the UI's "Codec
 Server" setting) can show the decrypted payloads.
 

@@ -1,6 +1,6 @@
 """The codec server: lets the Temporal Web UI (``--ui-codec-endpoint`` or the UI's "Codec Server"
 setting) show payloads that :class:`~s3batch.codec.EncryptionCodec` encrypted, for authenticated
-callers only. Started by ``python -m s3batch.codec serve`` (see docs/SECURITY.md)."""
+callers only. Started by ``python -m s3batch.codec serve`` (see docs/explanation/security.md)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ from s3batch.incremental import DEFAULT_MAX_LEDGER_BYTES
 
 
 class PostgresConnection(BaseModel):
-    """The settings of a PostgreSQL connection besides its DSN (docs/SECURITY.md, "The PostgreSQL sink"). From
-    the environment, for connection ``warehouse``: ``S3BATCH_POSTGRES_WAREHOUSE_LOCK_TIMEOUT_SECONDS``,
+    """The settings of a PostgreSQL connection besides its DSN (docs/explanation/security.md, "The PostgreSQL
+    sink"). From the environment, for connection ``warehouse``: ``S3BATCH_POSTGRES_WAREHOUSE_LOCK_TIMEOUT_SECONDS``,
     ``..._STATEMENT_TIMEOUT_SECONDS``, ``..._IDLE_IN_TRANSACTION_TIMEOUT_SECONDS``, ``..._TABLES``. The timeouts
     are the sessions' ``lock_timeout``, ``statement_timeout`` and ``idle_in_transaction_session_timeout``: keep
     the first two below the jobs' ``heartbeat_timeout_seconds`` (30 s by default), so a file blocked in the
@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     ui_url: str = ""
     """Base URL of the Temporal Web UI, for links (default: derived from TEMPORAL_ADDRESS)."""
 
-    # The data path and the S3 side (docs/SECURITY.md): what a job input may make this worker do.
+    # The data path and the S3 side (docs/explanation/security.md): what a job input may make this worker do.
     expected_bucket_owner: str = Field("", pattern=r"^(\d{12})?$")
     """AWS account ID sent as ``ExpectedBucketOwner`` on every S3 request: a bucket of another
     account is refused by S3 (403) instead of read or written. Empty: not sent."""

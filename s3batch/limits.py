@@ -1,4 +1,4 @@
-"""The worker's limits on what a job may make it do (docs/SECURITY.md): the buckets and prefixes it may read
+"""The worker's limits on what a job may make it do (docs/explanation/security.md): the buckets and prefixes it may read
 and write (``S3BATCH_ALLOWED_SOURCES`` / ``S3BATCH_ALLOWED_OUTPUTS``), its ceilings on a job's chunk and
 record sizes, and the server-side encryption it asks for on what it writes."""
 

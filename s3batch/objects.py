@@ -1,7 +1,7 @@
 """The data path's S3 requests (a source's ranged GETs, a part's PUT) through obstore, where it can take them.
 
 A small file costs a GET and a PUT; in boto3 each costs 1-4 ms of the worker's CPU (event hooks, signing,
-response parsing: issue 31, ``docs/PERFORMANCE.md``), several times the file's own work. obstore (Rust
+response parsing: issue 31, ``docs/explanation/performance.md``), several times the file's own work. obstore (Rust
 ``object_store`` bindings) makes the same request for about a tenth of that. It is used for those two
 requests only (a manifest is read by the same reader as a source); everything else (listing, HEADs of
 checkpoints, deletes, reports) stays on the boto3 client, and so does the configuration: the endpoint,

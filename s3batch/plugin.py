@@ -104,7 +104,7 @@ class S3BatchPlugin(SimplePlugin):
             without reading the environment (``Settings.explicit(...)`` gives other values).
         encryption_key: 32-byte AES key, or a keyring (a list of keys, the first one current):
             every payload, and the message and stack trace of every failure, is encrypted before it
-            reaches Temporal (see ``s3batch.codec`` and docs/SECURITY.md). None or ``b""``: off.
+            reaches Temporal (see ``s3batch.codec`` and docs/explanation/security.md). None or ``b""``: off.
         allow_plaintext: With a key, accept payloads that are not encrypted instead of refusing
             them (only while jobs started before encryption was turned on still run).
         register_search_attributes: When a worker starts, register s3batch's search attributes in

@@ -13,7 +13,7 @@ s3batch figures are wall-clock from ``start_workflow`` to the workflow's result,
 all Temporal overhead (workflow tasks, activity dispatch, listing, the report). Progress goes to
 stderr.
 
-Cases (see issue 6 and docs/PERFORMANCE.md):
+Cases (see issue 6 and docs/explanation/performance.md):
   1. big file, passthrough: s3batch vs a plain GET + csv + json.dumps + PUT-per-10k-rows script
   2. big file, ``customers`` handler vs the plain script + per-row ``Customer.model_validate``
   3. many small files vs a plain sequential GET/parse/PUT loop

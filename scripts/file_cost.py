@@ -1,4 +1,4 @@
-"""The cost of a file, exactly (issue 31; the tables in docs/PERFORMANCE.md, "The cost of a file").
+"""The cost of a file, exactly (issue 31; the tables in docs/explanation/performance.md, "The cost of a file").
 
 For a group of small files (~1 KB CSV, the benchmark's case 3) and for one 10,000-row file (0.8 MB, case 13),
 run in this process as a worker runs them (``process_group`` / ``process_file`` under ``ActivityEnvironment``,

@@ -1,6 +1,6 @@
-"""Run the fault suite and write docs/RELIABILITY.md from what it observed.
+"""Run the fault suite and write docs/explanation/reliability.md from what it observed.
 
-    .venv/bin/python scripts/reliability_report.py            # run, then write docs/RELIABILITY.md
+    .venv/bin/python scripts/reliability_report.py            # run, then write docs/explanation/reliability.md
     .venv/bin/python scripts/reliability_report.py -k zombie  # extra arguments go to pytest
 
 Every fault test records one row (fault, records in and out, lost, duplicated, records processed
@@ -172,7 +172,7 @@ def _unrecorded(rows: list[dict[str, Any]], outcomes: Outcomes) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", default=str(ROOT / "docs" / "RELIABILITY.md"))
+    parser.add_argument("--output", default=str(ROOT / "docs" / "explanation" / "reliability.md"))
     args, pytest_args = parser.parse_known_args(argv)
     os.chdir(ROOT)
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """Drive headless Chromium (Debian's ``chromium``, through Playwright; no browser download) to the
 Temporal Web UI page of a running s3batch job: save screenshots and return the page text.
 
-    .venv/bin/python scripts/ui_screenshot.py        # own stack + slow job -> docs/ui-*.png
+    .venv/bin/python scripts/ui_screenshot.py        # own stack + slow job -> docs/images/ui-*.png
 
 The test ``tests/test_web_ui.py`` uses :func:`capture` against the test stack.
 """
@@ -93,7 +93,7 @@ async def _main() -> None:
     from s3batch.models import S3BatchInput
     from s3batch.plugin import S3BatchPlugin
 
-    out_dir = ROOT / "docs"
+    out_dir = ROOT / "docs" / "images"
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(StackConfig.random_ports(Path(tmp)))
         stack.start()

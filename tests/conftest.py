@@ -145,7 +145,7 @@ def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPro
 
 @pytest.fixture
 def reliability(request: pytest.FixtureRequest) -> Callable[..., None]:
-    """Record one row of the reliability table (docs/RELIABILITY.md) for this test: the fault and
+    """Record one row of the reliability table (docs/explanation/reliability.md) for this test: the fault and
     what was observed (an ``output_check``'s ``in_order`` and ``exact`` flags are asserted, not listed)."""
 
     def record(fault: str, **observed: Any) -> None:

@@ -7,7 +7,7 @@ record by record: nothing lost, nothing doubled.
 
 Each test also records what it observed (records in and out, duplicates, records processed twice,
 time to recover) through the ``reliability`` fixture; ``scripts/reliability_report.py`` runs
-this suite and turns those rows into ``docs/RELIABILITY.md``.
+this suite and turns those rows into ``docs/explanation/reliability.md``.
 """
 
 from __future__ import annotations

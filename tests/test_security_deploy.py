@@ -187,7 +187,7 @@ def test_the_dev_lock_holds_the_runtime_lock_and_the_venv_runs_exactly_it() -> N
             installed = None
         if installed != version:
             mismatched[name] = (version, installed)
-    assert not mismatched, f"locked vs installed: {mismatched} (regenerate the locks, see docs/SECURITY.md)"
+    assert not mismatched, f"locked vs installed: {mismatched} (regenerate the locks, see docs/explanation/security.md)"
 
 
 def test_the_lock_installs_with_require_hashes() -> None:

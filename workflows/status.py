@@ -146,7 +146,7 @@ class SearchIndex:
         if said:
             return value
         # The check ran on a worker whose activities do not report the value (an earlier release):
-        # plain, as that release does. docs/SECURITY.md says to upgrade every worker.
+        # plain, as that release does. docs/explanation/security.md says to upgrade every worker.
         return sa.source_value(spec.bucket, spec.prefix)
 
 

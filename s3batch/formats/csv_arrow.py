@@ -12,7 +12,7 @@ a record over ``max_record_bytes``), the first row that differs is found, and th
 still good: :mod:`s3batch.formats.fastcsv` reads from there with the exact parser.
 
 Why pyarrow: its CSV reader is already a dependency (Parquet), parses about 6M rows/s on one thread
-(docs/PERFORMANCE.md), and its string kernels build the canonical bytes and the JSON documents
+(docs/explanation/performance.md), and its string kernels build the canonical bytes and the JSON documents
 without a Python call per row.
 """
 

@@ -1,4 +1,4 @@
-"""What a job may make the PostgreSQL sink touch, and what the database role needs for it (docs/SECURITY.md,
+"""What a job may make the PostgreSQL sink touch, and what the database role needs for it (docs/explanation/security.md,
 "The PostgreSQL sink").
 
 - The connection's table allow-list (``S3BATCH_POSTGRES_<NAME>_TABLES``: globs of ``schema.table``, see

@@ -2,7 +2,7 @@
 of files (100 to 5,000 files of ~1 KB), s3batch against the plain script or loop of cases 1 and 3, each
 pair in the same run. Every s3batch figure includes the job's Temporal overhead (check, listing, workflow
 tasks, report), so the small end shows the fixed cost of a job and the large end the rate. The table in
-docs/PERFORMANCE.md ("How the cost grows") comes from this case.
+docs/explanation/performance.md ("How the cost grows") comes from this case.
 """
 
 from __future__ import annotations

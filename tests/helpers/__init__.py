@@ -15,7 +15,7 @@ tests (what both need lives in :mod:`s3batch.dev`).
   activities a run scheduled and asked to stop (``activity_summaries``, ``cancel_requested``),
   ``assert_runs_replay``, all its text (``history_text``);
 - :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
-  ``record_reliability`` (rows of docs/RELIABILITY.md);
+  ``record_reliability`` (rows of docs/explanation/reliability.md);
 - :mod:`tests.helpers.records`: walking a record parser (``walk``, ``line_ends``);
 - :mod:`tests.helpers.faultproxy`: an HTTP fault proxy in front of the S3 server.
 

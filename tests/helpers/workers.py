@@ -24,7 +24,7 @@ def worker_process(task_queue: str, log_dir: Path, name: str, **env: str) -> Wor
 
 RELIABILITY_FILE_ENV = "S3BATCH_RELIABILITY_FILE"
 """When set, the fault tests append one JSON row per observed fault to this file
-(``scripts/reliability_report.py`` sets it and turns the rows into docs/RELIABILITY.md)."""
+(``scripts/reliability_report.py`` sets it and turns the rows into docs/explanation/reliability.md)."""
 
 
 def record_reliability(row: dict[str, object]) -> None:
