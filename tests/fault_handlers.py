@@ -14,6 +14,9 @@ and registered in-process by importing this module.
   ``ValidationError`` escape (a common way of writing an all-or-nothing handler).
 - ``explode_until_fixed``: like ``explode_on_marker`` until a test "deploys the fix" by setting
   ``BOOM_FIXED`` (in-process workers only); then a passthrough.
+- ``gate_then_fail``: like ``slow_passthrough``; chunk 3 of a file whose key holds ``-gated`` waits at a gate
+  of files under ``S3BATCH_TEST_GATE_DIR`` and then fails once (a fault a retry passes), at the moment the
+  process that holds the gate chooses: across processes (the history recorder's ``hand_over_failed_attempt``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from s3batch.formats.common import Record
-from s3batch.handlers import HandlerResult, chunk_handler, record_handler
+from s3batch.handlers import HandlerResult, chunk_context, chunk_handler, record_handler
 
 _DELAY = float(os.environ.get("S3BATCH_TEST_HANDLER_DELAY", "0.05"))
 
@@ -83,6 +86,30 @@ class _Row(BaseModel):
 @chunk_handler("strict_schema")
 def strict_schema(records: Sequence[Record]) -> HandlerResult:
     return HandlerResult([_Row.model_validate(r.value).model_dump() for r in records], [])
+
+
+GATE_CHUNK = 3
+"""The chunk of a ``-gated`` file at which ``gate_then_fail`` waits."""
+
+
+@chunk_handler("gate_then_fail")
+def gate_then_fail(records: Sequence[Record]) -> HandlerResult:
+    """Passthrough, ``S3BATCH_TEST_HANDLER_DELAY`` a chunk. Chunk ``GATE_CHUNK`` of a file whose key holds
+    ``-gated``, with ``S3BATCH_TEST_GATE_DIR`` set: the first time, writes ``<bucket>.reached`` there, waits (up
+    to 120 s) for ``<bucket>.open``, writes ``<bucket>.failed`` and raises (retryable); later, passes."""
+    context = chunk_context()
+    gates = os.environ.get("S3BATCH_TEST_GATE_DIR")
+    if gates and "-gated" in context.key and context.chunk == GATE_CHUNK:
+        base = os.path.join(gates, context.bucket)
+        if not os.path.exists(base + ".failed"):
+            open(base + ".reached", "w").close()
+            deadline = time.monotonic() + 120
+            while not os.path.exists(base + ".open") and time.monotonic() < deadline:
+                time.sleep(0.02)
+            open(base + ".failed", "w").close()
+            raise RuntimeError("a transient fault at the gate (the test's)")
+    time.sleep(_DELAY)
+    return HandlerResult([r.value for r in records], [])
 
 
 def handled_records(path: str | os.PathLike[str]) -> int:
