@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     )
 
     task_queue: str = TASK_QUEUE
+    """The task queue the worker polls and ``s3batch start`` starts jobs on (``--task-queue`` overrides it)."""
     deployment_name: str = Field(
         "", validation_alias=AliasChoices("S3BATCH_DEPLOYMENT_NAME", "TEMPORAL_DEPLOYMENT_NAME")
     )
@@ -83,6 +84,7 @@ class Settings(BaseSettings):
     handler_modules: str = ""
     """Comma-separated modules to import at start-up; they register handlers with decorators."""
     log_level: str = "INFO"
+    """The worker's log level: ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR``."""
     log_format: Literal["text", "json"] = "text"
     """``json``: one JSON object per line, with the job ID, activity, attempt and file key."""
     metrics_address: str = ""

@@ -126,7 +126,8 @@ def set_version_flags(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="s3batch-worker", description="Run the s3batch worker (configuration: the environment, see the README)."
+        prog="s3batch-worker",
+        description="Run the s3batch worker (configuration: the environment, see docs/reference/environment.md).",
     )
     add_version_flags(parser)
     supervisor_pid = os.environ.get(SUPERVISOR_PID_ENV)

@@ -291,7 +291,7 @@ def update_result(stdout: str) -> dict[str, Any]:
 async def test_temporal_cli_queries_cancels_and_lists_jobs_by_status(
     client: Client, worker: Worker, task_queue: str, stack: Stack, s3: Any, buckets: tuple[str, str]
 ):
-    """The README's ``temporal`` CLI paths, through the real binary: ``workflow query --name
+    """The ``temporal`` CLI paths of docs/how-to/operate.md, through the real binary: ``workflow query --name
     progress``, ``workflow update execute``, ``workflow cancel`` and ``workflow list --query`` on
     the ``S3BatchStatus`` values ``paused``, ``cancelled`` and ``failed``."""
     from s3batch import search_attributes as sa

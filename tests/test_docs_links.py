@@ -21,6 +21,7 @@ _LINK = re.compile(r"(?<!\!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*
 _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*(?:\{#([\w-]+)\})?\s*$")
 _FENCE = re.compile(r"^(```|~~~)")
+_ID = re.compile(r'\bid="([\w-]+)"')
 
 
 def _plain(heading: str) -> str:
@@ -55,9 +56,9 @@ def outside_fences(text: str) -> str:
 
 
 def anchors(path: Path) -> set[str]:
-    """The anchors of a Markdown file's headings (generated sections included), in both styles."""
+    """The anchors of a Markdown file's headings (generated sections included), in both styles, and its ids."""
     text = outside_fences(expand(path.read_text()) if path.is_relative_to(DOCS) else path.read_text())
-    found: set[str] = set()
+    found: set[str] = set(_ID.findall(text))  # an explicit <a id="..."></a>
     seen: dict[str, int] = {}
     for line in text.splitlines():
         match = _HEADING.match(line)

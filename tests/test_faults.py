@@ -1097,7 +1097,7 @@ async def test_write_check_object_is_written_before_any_file(
         log = proxy.entries()
     assert result["status"] == "succeeded"
     probe = layout.write_check_key("o/")
-    assert probe == "o/_s3batch/write-check"  # where the README says it is
+    assert probe == "o/_s3batch/write-check"  # where docs/reference/errors.md says it is
     head = s3.head_object(Bucket=out, Key=probe)
     assert head["ContentLength"] == 0
     written = [i for i, e in enumerate(log) if e.method == "PUT" and e.target.split("?")[0] == f"/{out}/{probe}"]

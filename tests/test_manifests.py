@@ -251,7 +251,7 @@ async def test_a_manifest_over_three_pages_and_runs_processes_each_named_key_onc
 async def test_temporal_cli_starts_manifest_filter_and_parquet_jobs_with_plain_json(
     client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str, stack: Any
 ) -> None:
-    """The README's ``temporal workflow start`` examples, as written there (buckets renamed)."""
+    """The ``temporal workflow start`` examples of docs/how-to/manifests.md, as written there (buckets renamed)."""
     src, out = buckets
     put_files(s3, src, {"exports/2026/a.csv": make_csv(3), "exports/2026/tmp/b.csv": make_csv(2)})
     table = pa.table({"id": [1, 2], "at": pa.array([0, 1_000], pa.timestamp("ms", tz="UTC"))})

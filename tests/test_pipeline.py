@@ -152,7 +152,7 @@ async def test_redrive_processes_only_the_failed_files_and_resumes_their_parts(
 
 async def test_rejects_of_a_chunk_are_in_line_order(client: Client, worker: Worker, task_queue: str, s3: Any, buckets):
     """Parser rejects (wrong field count) and handler rejects (invalid rows) of one chunk, interleaved:
-    the rejects object lists them by line, as the README promises."""
+    the rejects object lists them by line, as docs/reference/formats.md says."""
     src, out = buckets
     lines = [
         "customer_id,email,name,country,amount,created_at",

@@ -80,7 +80,7 @@ async def test_the_same_job_again_reports_the_rows_already_written(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, worker: Worker,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The same input under a new ID reuses the committed output folder (README: "Starting a job"): its
+    """The same input under a new ID reuses the committed output folder (docs/how-to/operate.md): its
     report says the records were already written, none by it."""
     src, out = buckets
     s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(ROWS))

@@ -5,9 +5,9 @@ started for this module and jobs on in-process workers:
   after the connection's ``lock_timeout`` (a ``SinkError`` naming the lock, not a heartbeat timeout); the file
   finishes once the lock is released, each row once, no session left waiting;
 - the connection's table allow-list (``S3BATCH_POSTGRES_<NAME>_TABLES``) and the schemas always refused, at the
-  job's start check and per file; the README's grants per mode are enough (a role of its own, the checkpoint table
-  created in advance: no CREATE); a grant missing fails the job at its start with the ``GRANT`` to run, and a file
-  at once, not after every attempt;
+  job's start check and per file; the grants per mode of docs/how-to/postgres.md are enough (a role of its own, the
+  checkpoint table created in advance: no CREATE); a grant missing fails the job at its start with the ``GRANT`` to
+  run, and a file at once, not after every attempt;
 - a DSN libpq cannot parse (a password with an unencoded ``%``) never reaches a log, the history or an error;
 - rejects carry PostgreSQL's DETAIL text (which may quote other rows) only when the job asks for it.
 """
@@ -49,7 +49,8 @@ from tests.helpers.history import history_events
 from tests.helpers.jobs import execute, start
 from tests.helpers.output import read_jsonl
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GRANTS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "postgres.md"
+"""Where the operators' grants are written (the site's "PostgreSQL imports in depth", section Grants)."""
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +262,7 @@ def test_each_file_checks_the_allow_list_before_any_statement(
 # ---------------------------------------------------------------------------------- finding 3 and 7: grants
 
 SCHEMA, TABLE, ROLE = "warehouse", "customers", "s3batch_writer"
-"""The names the README's grants use."""
+"""The names the documented grants use."""
 
 GRANTS = {
     "every mode": [
@@ -272,19 +273,20 @@ GRANTS = {
     "upsert": ["GRANT SELECT, INSERT, UPDATE ON TABLE warehouse.customers TO s3batch_writer"],
     "replace": ["GRANT SELECT, DELETE ON TABLE warehouse.customers TO s3batch_writer"],
 }
-"""The README's minimal grants, by what needs them (each statement is in the README as it is here)."""
+"""The documented minimal grants, by what needs them (each statement is on the page as it is here)."""
 
 
 def _readme_ddl() -> str:
-    """The README's ``CREATE TABLE warehouse.s3batch_checkpoints (...)``."""
-    found = re.search(r"CREATE TABLE warehouse\.s3batch_checkpoints \(.*?\n\);", README.read_text(), re.S)
-    assert found, "the README gives the checkpoint table's CREATE TABLE"
+    """The documented ``CREATE TABLE warehouse.s3batch_checkpoints (...)``."""
+    found = re.search(r"CREATE TABLE warehouse\.s3batch_checkpoints \(.*?\n\);", GRANTS_PAGE.read_text(), re.S)
+    assert found, "the grants page gives the checkpoint table's CREATE TABLE"
     return found.group(0)
 
 
 def _least_privileged(pg: PostgresServer, grants: list[str], checkpoints: bool = True) -> tuple[str, str, str]:
     """A schema with the table ``customers`` (id, name, note, src), a role that may log in and has only ``grants``
-    (the README's, for its names), the checkpoint table created in advance by the operator; ``(schema, role, dsn)``."""
+    (the documented ones, for its names), the checkpoint table created in advance by the operator;
+    ``(schema, role, dsn)``."""
     tag = uuid.uuid4().hex[:8]
     schema, role = f"wh_{tag}", f"writer_{tag}"
     pg.execute(f"CREATE ROLE {role} LOGIN; CREATE SCHEMA {schema}")
@@ -296,8 +298,8 @@ def _least_privileged(pg: PostgresServer, grants: list[str], checkpoints: bool =
     return schema, role, pg.dsn.replace("app@", f"{role}@")
 
 
-def test_the_readme_gives_the_grants_and_the_checkpoint_table_the_code_needs() -> None:
-    text = README.read_text()
+def test_the_docs_give_the_grants_and_the_checkpoint_table_the_code_needs() -> None:
+    text = GRANTS_PAGE.read_text()
     for statements in GRANTS.values():
         for statement in statements:
             assert f"{statement};" in text, statement
@@ -308,10 +310,10 @@ def test_the_readme_gives_the_grants_and_the_checkpoint_table_the_code_needs() -
 
 
 @pytest.mark.parametrize("mode", ["insert", "upsert", "replace"])
-async def test_a_role_with_the_readmes_grants_imports_without_create(
+async def test_a_role_with_the_documented_grants_imports_without_create(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, stack: Stack, pg: PostgresServer, mode: str,
 ) -> None:
-    """A role of its own with exactly the README's grants for the mode, the checkpoint table created in advance (no
+    """A role of its own with exactly the documented grants for the mode, the checkpoint table created in advance (no
     CREATE on any schema): the file is imported, and a new version of it again (upserted, or replacing the rows)."""
     src, out = buckets
     grants = GRANTS["every mode"] + GRANTS["insert" if mode == "replace" else mode] + GRANTS.get(mode, [])

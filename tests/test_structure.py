@@ -1,4 +1,4 @@
-"""The code keeps the shape the README's Architecture section promises: one module per stage, no
+"""The code keeps the shape docs/explanation/architecture.md promises: one module per stage, no
 module over about 400 lines and no function over about 60, so a newcomer can find their room."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_no_module_is_over_about_400_lines() -> None:
 LONG_ON_PURPOSE = {
     "s3batch/formats/csv.py::_CsvLines.__iter__": "the per-line hot loop of the CSV reader: a call per line costs",
 }
-"""Functions allowed over the limit, and why (the README's Architecture section says the same)."""
+"""Functions allowed over the limit, and why (docs/explanation/architecture.md says the same)."""
 
 
 def _functions(path: Path) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:

@@ -30,7 +30,7 @@ _UNIONS = (typing.Union, types.UnionType)
 _SIZES = ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB"))
 
 
-def _text(doc: str | None) -> str:
+def table_text(doc: str | None) -> str:
     """A docstring as one Markdown table cell: reST literals as code, roles dropped, one line, no pipes."""
     text = " ".join((doc or "").split())
     text = re.sub(r":(?:class|mod|func|meth|data|attr|exc):`~?([^`]+)`", r"``\1``", text)
@@ -79,6 +79,8 @@ def default_of(info: FieldInfo) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
         return _size(value)
+    if isinstance(value, int) and value >= 10_000:
+        return f"`{value:,}`"
     if isinstance(value, str | int | float):
         return f"`{value!r}`".replace("'", '"') if isinstance(value, str) else f"`{value}`"
     secret = getattr(value, "get_secret_value", None)
@@ -112,7 +114,7 @@ def model_table(model: type[BaseModel], *, skip: frozenset[str] = frozenset()) -
         if name in skip:
             continue
         limits = bounds(info)
-        meaning = _text(info.description) + (f" ({limits})" if limits else "")
+        meaning = table_text(info.description) + (f" ({limits})" if limits else "")
         rows.append(f"| `{name}` | {type_name(info.annotation)} | {default_of(info)} | {meaning} |")
     return "\n".join(rows)
 
@@ -131,7 +133,7 @@ def job_input() -> str:
         ("`after_success`", (Archive, Delete, Tag)),
     ):
         for model in models:
-            parts.append(f"#### {title}: `{model.__name__}`\n\n{_text(model.__doc__)}\n\n{model_table(model)}")
+            parts.append(f"#### {title}: `{model.__name__}`\n\n{table_text(model.__doc__)}\n\n{model_table(model)}")
     return "\n\n".join(parts)
 
 
@@ -142,7 +144,7 @@ def report_models() -> str:
 
     parts = []
     for model in (S3BatchResult, Totals, FileResult, ReasonCount, Outcome, Progress):
-        parts.append(f"#### `{model.__name__}`\n\n{_text(model.__doc__)}\n\n{model_table(model)}")
+        parts.append(f"#### `{model.__name__}`\n\n{table_text(model.__doc__)}\n\n{model_table(model)}")
     return "\n\n".join(parts)
 
 
@@ -150,7 +152,7 @@ def checkpoint_model() -> str:
     """The checkpoint's fields (heartbeat details and part metadata)."""
     from s3batch.checkpoint import Checkpoint
 
-    return f"{_text(Checkpoint.__doc__)}\n\n{model_table(Checkpoint)}"
+    return f"{table_text(Checkpoint.__doc__)}\n\n{model_table(Checkpoint)}"
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -176,8 +178,8 @@ def environment() -> str:
             continue  # per connection: the table below
         limits = bounds(info)
         names = " or ".join(f"`{n}`" for n in env_names(name, info))
-        meaning = _text(info.description) + (f" ({limits})" if limits else "")
-        rows.append(f"| {names} | {default_of(info)} | {meaning or 'see below'} |")
+        meaning = table_text(info.description) + (f" ({limits})" if limits else "")
+        rows.append(f"| {names} | {default_of(info)} | {meaning} |")
     return "\n".join(rows)
 
 
@@ -195,7 +197,7 @@ def postgres_environment() -> str:
     ]
     for name, info in PostgresConnection.model_fields.items():
         default = "any" if name == "tables" else default_of(info)
-        rows.append(f"| `S3BATCH_POSTGRES_WAREHOUSE_{name.upper()}` | {default} | {_text(info.description)} |")
+        rows.append(f"| `S3BATCH_POSTGRES_WAREHOUSE_{name.upper()}` | {default} | {table_text(info.description)} |")
     return "\n".join(rows)
 
 
@@ -220,7 +222,7 @@ def errors_table() -> str:
     rows = ["| type | retried | meaning |", "|---|---|---|"]
     for cls in error_types():
         retried = "yes (benign hand-over)" if cls.benign else ("yes" if cls.retryable else "no")
-        rows.append(f"| [`{cls.type_name}`](#{cls.type_name.lower()}) | {retried} | {_text(cls.__doc__)} |")
+        rows.append(f"| [`{cls.type_name}`](#{cls.type_name.lower()}) | {retried} | {table_text(cls.__doc__)} |")
     return "\n".join(rows)
 
 
@@ -232,7 +234,7 @@ def client_errors_table() -> str:
     for value in vars(errors).values():
         if isinstance(value, type) and issubclass(value, errors.ClientError) and value.__module__ == errors.__name__:
             base = value.__mro__[1].__name__
-            rows.append(f"| `{value.__name__}` | `{base}` | {_text(value.__doc__)} |")
+            rows.append(f"| `{value.__name__}` | `{base}` | {table_text(value.__doc__)} |")
     return "\n".join(rows)
 
 
@@ -242,7 +244,7 @@ def exit_codes() -> str:
 
     for paragraph in (cli.__doc__ or "").split("\n\n"):
         if paragraph.lstrip().startswith("Exit codes"):
-            return _text(paragraph)
+            return table_text(paragraph)
     raise LookupError("s3batch.cli's docstring has no paragraph on its exit codes")
 
 

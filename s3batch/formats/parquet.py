@@ -299,7 +299,7 @@ def _leaf(t: pa.DataType, column: str, where: str) -> Any:
         return lambda v: ("-" if v < 0 else "") + "PT" + _seconds(abs(v), digits) + "S"
     raise BadFile(
         f"{where}: column {column!r} has the Arrow type {t}, which s3batch does not map to JSON "
-        "(see the Parquet mapping in the README); convert that column or leave it out of the file"
+        "(see the Parquet mapping in docs/reference/job-input.md); convert that column or leave it out of the file"
     )
 
 

@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (target, source_bucket, source_key)
 )
 """
-"""The checkpoint table (``{table}``: ``schema.s3batch_checkpoints``), as the README gives it to operators."""
+"""The checkpoint table (``{table}``: ``schema.s3batch_checkpoints``), as docs/how-to/postgres.md gives it to
+operators."""
 
 
 def checkpoint_table(spec: PostgresSink) -> sql.Composed:
@@ -128,7 +129,8 @@ def check_privileges(conn: psycopg.Connection[Any], spec: PostgresSink) -> bool:
     if not exists and not create:
         grants.append(
             f"GRANT CREATE ON SCHEMA {schema} TO {who} (or create the checkpoint table {checkpoints} in advance, "
-            f"as the README's 'Grants' shows, and GRANT SELECT, INSERT, UPDATE ON TABLE {checkpoints} TO {who})"
+            f"as 'Grants' in docs/how-to/postgres.md shows, and GRANT SELECT, INSERT, UPDATE ON TABLE {checkpoints} "
+            f"TO {who})"
         )
     if grants:
         raise SinkInvalid(

@@ -133,7 +133,8 @@ def database_error(
             f"PostgreSQL connection {spec.connection!r} failed while {doing} table {table} ({type(err).__name__}"
             f"{code}): the table or its checkpoint table {spec.schema_name}.s3batch_checkpoints is missing, or the "
             "connection's role lacks a privilege on it (or on the sequence of a serial column: GRANT USAGE ON "
-            "SEQUENCE); not retried: create it, or grant what the README's 'Grants' lists for the sink's mode"
+            "SEQUENCE); not retried: create it, or grant what 'Grants' in docs/how-to/postgres.md lists for the sink's "
+            "mode"
         )
     return SinkError(
         f"PostgreSQL connection {spec.connection!r} failed while {doing} table {table} ({type(err).__name__}{code}); "
