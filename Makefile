@@ -122,6 +122,15 @@ demo: $(STAMP)
 upgrade-demo: $(STAMP)
 	$(BIN)/python scripts/upgrade_demo.py
 
+# The same upgrade with the workers as compose services (worker-v1, worker-v2 of docker-compose.yml, profile
+# "upgrade"): a Docker engine (as make test-container gets one), the worker image, Temporal and S3 on ports of
+# their own (the compose stack where its images can be pulled, else a local stack), v1 up and current, jobs, v2
+# up and promoted, v1 stopped once drained; everything removed at the end (scripts/upgrade_demo_compose.py;
+# README, "Upgrading with running jobs"). Several minutes (image build); not part of make test.
+.PHONY: upgrade-demo-compose
+upgrade-demo-compose: $(STAMP)
+	$(BIN)/python scripts/upgrade_demo_compose.py $(UPGRADE_DEMO_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
