@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -56,11 +58,14 @@ def test_a_page_becomes_its_steps() -> None:
     assert missing_lines(["Job  succeeded", "files 2"], "...\nJob succeeded\n  files    2 done") == []
 
 
-def _stack_state(stack: Stack, folder: Path) -> Path:
-    """A stack folder whose state file describes the session's stack, as ``make stack-up`` writes it."""
+def _stack_state(stack: Stack) -> Path:
+    """A stack folder whose state file describes the session's stack, as ``make stack-up`` writes it. Outside
+    pytest's own folders (readable by root only): run as root, ``s3batch-stack postgres up`` puts its data here
+    for the ``postgres`` user."""
     config = asdict(stack.config)
     config["root"] = str(stack.config.root)
-    folder.mkdir()
+    folder = Path(tempfile.mkdtemp(prefix="s3batch-tutorial-"))
+    folder.chmod(0o755)
     pids = {name: proc.pid for name, proc in stack.procs.items()}
     (folder / "stack.json").write_text(json.dumps({"config": config, "pids": pids}))
     return folder
@@ -95,15 +100,21 @@ def run_page(page: Page, stack: Stack, tmp: Path) -> list[tuple[int, str]]:
     (home / ".venv").symlink_to(Path(sys.executable).parent.parent)
     venv_bin = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(SESSION_VARIABLES)}
+    stack_dir = _stack_state(stack)
     env.update(
         PATH=os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != venv_bin),
         COLUMNS="100",
-        S3BATCH_STACK_DIR=str(_stack_state(stack, tmp / "stack")),
+        S3BATCH_STACK_DIR=str(stack_dir),
     )
     try:
         subprocess.run(["bash", "-c", script(page, out)], cwd=home, env=env, timeout=240, check=False)
     finally:
         _stop(out / "pids")
+        # A page that started the local PostgreSQL and failed before its `postgres down` leaves nothing running.
+        if (stack_dir / "postgres").exists():
+            subprocess.run([str(venv_bin / "s3batch-stack"), "postgres", "down"], env=env, capture_output=True,
+                           timeout=120, check=False)  # fmt: skip
+        shutil.rmtree(stack_dir, ignore_errors=True)
     results = []
     for n in range(len(page.steps)):
         rc, log = out / f"{n}.rc", out / f"{n}.txt"
