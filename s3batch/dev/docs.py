@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import io
 import os
 import re
@@ -35,6 +36,8 @@ def table_text(doc: str | None) -> str:
     text = " ".join((doc or "").split())
     text = re.sub(r":(?:class|mod|func|meth|data|attr|exc):`~?([^`]+)`", r"``\1``", text)
     text = text.replace("``", "`")
+    # A pipe inside a code span would end the table cell, and an escaped one shows its backslash: HTML code.
+    text = re.sub(r"`([^`]*\|[^`]*)`", lambda m: "<code>" + html.escape(m[1]).replace("|", "&#124;") + "</code>", text)
     return text.replace("|", "\\|")
 
 
