@@ -32,7 +32,9 @@ class WorkerProcess:
     """
 
     what = "worker"
-    ready_timeout: float = 30
+    ready_timeout: float = 90
+    """A hang guard, not a measure: a worker process imports pyarrow, boto3 and the SDK (about 1 s alone), and
+    on a machine loaded to 12 by parallel suites a supervisor's two processes took over 30 s."""
 
     def __init__(
         self,
