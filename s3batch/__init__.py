@@ -29,6 +29,9 @@ TASK_QUEUE = "s3-batch"
 WORKFLOW_TYPE = "S3BatchWorkflow"
 """Workflow type name, the one to pass to ``temporal workflow start --type``."""
 
+DEFAULT_DEPLOYMENT_NAME = "s3batch"
+"""The Worker Deployment of a versioned worker given a build ID and no deployment name (:mod:`s3batch.versioning`)."""
+
 _EXPORTS = {
     "S3BatchPlugin": "s3batch.plugin",
     "S3BatchWorkflow": "s3batch.workflows.batch",

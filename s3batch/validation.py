@@ -39,7 +39,13 @@ _HIDDEN = "*"
 
 
 def describe_validation_error(err: ValidationError, *, what: str = "record") -> str:
-    """One line naming each invalid field and why, e.g. ``chunk_records: Input should be ...``.
+    """One line naming each invalid field and why, e.g. ``chunk_records: Input should be ...``: the
+    :func:`validation_problems` joined with ``; ``."""
+    return "; ".join(validation_problems(err, what=what))
+
+
+def validation_problems(err: ValidationError, *, what: str = "record") -> list[str]:
+    """Each invalid field and why, e.g. ``chunk_records: Input should be ...``, one per problem.
 
     ``what`` names the root (``input``, ``state``: the job's own inputs, described as pydantic
     describes them). For ``record`` (the default: data read from a file, or a handler's model of it)
@@ -61,7 +67,7 @@ def describe_validation_error(err: ValidationError, *, what: str = "record") -> 
         kind = item["type"]
         msg = item["msg"] if kind in _SAFE_TYPES or kind == INPUT_ERROR else f"invalid value ({kind}; message withheld)"
         parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
+    return parts
 
 
 def _model_named(title: str) -> type[BaseModel] | None:

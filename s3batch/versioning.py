@@ -28,10 +28,8 @@ from pathlib import Path
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.worker import WorkerDeploymentConfig
 
+from s3batch import DEFAULT_DEPLOYMENT_NAME as DEFAULT_DEPLOYMENT_NAME  # re-exported: where it was
 from s3batch import __version__
-
-DEFAULT_DEPLOYMENT_NAME = "s3batch"
-"""The deployment name of a worker given a build ID only."""
 
 COMMIT_ENV = "S3BATCH_GIT_COMMIT"
 """The git commit the worker image was built from (the Dockerfile's ``GIT_COMMIT`` build argument)."""

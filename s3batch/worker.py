@@ -27,6 +27,7 @@ from datetime import timedelta
 from temporalio.worker import Worker
 
 from s3batch import logs
+from s3batch.cli.parser import add_version_flags
 from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect, metrics_runtime
 from s3batch.health import HealthReporter
@@ -100,20 +101,6 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         await stop.wait()
         log.info("shutting down: in-flight files stop at their next chunk boundary and move on")
     log.info("worker stopped")
-
-
-def add_version_flags(parser: argparse.ArgumentParser) -> None:
-    """``--deployment-name`` and ``--build-id``, shared by ``s3batch-worker`` and ``s3batch worker``."""
-    parser.add_argument(
-        "--deployment-name",
-        help="Worker Versioning: the Worker Deployment this worker belongs to (S3BATCH_DEPLOYMENT_NAME; "
-        "default s3batch when a build ID is given). Neither given: unversioned.",
-    )
-    parser.add_argument(
-        "--build-id",
-        help="Worker Versioning: this worker's build ID (S3BATCH_BUILD_ID; default with a deployment name: "
-        "the package version and the git commit of the image).",
-    )
 
 
 def set_version_flags(args: argparse.Namespace) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from s3batch.cli.jobs import flag
+from s3batch.cli.parser import flag
 from s3batch.models import Format, S3BatchInput
 from tests.helpers import run
 

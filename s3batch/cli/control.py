@@ -55,24 +55,3 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     )
     out.print(safe_line(f"  report   s3batch report {args.workflow_id}"))
     return EXIT_OK
-
-
-def add_commands(commands: argparse._SubParsersAction) -> None:
-    for name, func, help_text in (
-        ("pause", cmd_pause, "start no new file (files in flight finish)"),
-        ("resume", cmd_resume, "start files again after pause"),
-    ):
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-        sub.add_argument("--json", action="store_true", help="machine-readable output")
-        sub.set_defaults(func=func)
-
-    conc = commands.add_parser("set-concurrency", help="change how many files a running job processes at once")
-    conc.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-    conc.add_argument("n", metavar="N", type=int, help="files at once, 1 to 1000")
-    conc.add_argument("--json", action="store_true", help="machine-readable output")
-    conc.set_defaults(func=cmd_set_concurrency)
-
-    cancel = commands.add_parser("cancel", help="stop a job gracefully (the report is still written)")
-    cancel.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-    cancel.set_defaults(func=cmd_cancel)

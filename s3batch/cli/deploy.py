@@ -13,11 +13,11 @@ from datetime import datetime
 
 from rich.table import Table
 
+from s3batch import DEFAULT_DEPLOYMENT_NAME
 from s3batch import client as api
 from s3batch.cli.output import EXIT_OK, cell, out, print_json, safe_line
 from s3batch.client.deployments import DeploymentView, RunVersion, describe_deployment, promote, rollback
 from s3batch.config import Settings
-from s3batch.versioning import DEFAULT_DEPLOYMENT_NAME
 
 
 def _name(args: argparse.Namespace) -> str:
@@ -101,29 +101,3 @@ def run_worker(args: argparse.Namespace) -> int:
                                                     ("build-id", args.build_id)) if value is not None]
     main(argv)
     return EXIT_OK
-
-
-def add_worker(commands: argparse._SubParsersAction) -> None:
-    from s3batch.worker import add_version_flags
-
-    worker = commands.add_parser("worker", help="run a worker (as s3batch-worker does), optionally as a version")
-    add_version_flags(worker)
-    worker.set_defaults(func=run_worker, in_process=True)
-
-
-def add_deploy(commands: argparse._SubParsersAction) -> None:
-    deploy = commands.add_parser("deploy", help="Worker Versioning: which worker version takes new jobs")
-    steps = deploy.add_subparsers(dest="step", required=True)
-    status = steps.add_parser("status", help="the versions, which is current or ramping, runs still pinned to each")
-    promote_ = steps.add_parser("promote", help="make a build current (or ramp it) for new jobs and continue-as-new")
-    promote_.add_argument("build_id", metavar="BUILD_ID")
-    promote_.add_argument("--ramp", type=float, metavar="PCT", help="send only this share (0-100) of new runs to it")
-    back = steps.add_parser("rollback", help="stop a ramp, or make the version current before the current one current")
-    for sub, func in ((status, cmd_status), (promote_, cmd_promote), (back, cmd_rollback)):
-        sub.add_argument("--deployment-name", help=f"default: S3BATCH_DEPLOYMENT_NAME, else {DEFAULT_DEPLOYMENT_NAME}")
-        sub.add_argument("--json", action="store_true", help="machine-readable output")
-        sub.set_defaults(func=func)
-    for sub in (promote_, back):
-        sub.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
-                         help="how long to wait for the build's workers to poll (default 60)")
-

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import ValidationError
 from temporalio.client import Client
 
 from s3batch import client as api
@@ -25,77 +22,6 @@ from s3batch.sinks.spec import destination
 from s3batch.validation import describe_validation_error
 
 # ------------------------------------------------------------------------------ job flags
-
-_UNIONS = (typing.Union, types.UnionType)
-
-
-def flag(name: str) -> str:
-    """The command-line flag of an :class:`S3BatchInput` field: ``chunk_records`` -> ``--chunk-records``."""
-    return "--" + name.replace("_", "-")
-
-
-def _doc(info: FieldInfo) -> str:
-    """A field's docstring (its description) on one line, without reST literal quotes."""
-    return " ".join((info.description or "").replace("``", "").split())
-
-
-def add_job_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`S3BatchInput` field, so the command cannot drift from the model.
-
-    Flags are plain strings left out of the namespace unless given: the model converts and
-    validates them, and supplies its own defaults.
-    """
-    group = parser.add_argument_group("job input (the fields of S3BatchInput)")
-    for name, info in S3BatchInput.model_fields.items():
-        choices = get_args(info.annotation) if get_origin(info.annotation) is Literal else ()
-        metavar = "{" + ",".join(choices) + "}" if choices else name.split("_")[-1].upper()
-        default = "required" if info.is_required() else f"default: {info.default!r}"
-        help_text = f"{_doc(info)} ({default})".replace("%", "%%")
-        kind = _flag_kind(info)
-        if kind == "switch":  # given means true ("true" is what the model reads)
-            group.add_argument(flag(name), dest=name, action="store_const", const="true", default=argparse.SUPPRESS,
-                               help=help_text)  # fmt: skip
-        elif kind == "list":  # repeatable: --include '*.csv' --include '*.tsv'
-            group.add_argument(flag(name), dest=name, metavar=metavar, action="append", default=argparse.SUPPRESS,
-                               help=help_text + " (repeat the flag for more)")  # fmt: skip
-        elif kind == "json":  # an object or a list: JSON text, e.g. --sink '{"type": "s3"}'
-            group.add_argument(flag(name), dest=name, metavar="JSON", type=_json_or_text, default=argparse.SUPPRESS,
-                               help=help_text)  # fmt: skip
-        else:
-            group.add_argument(flag(name), dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text)
-
-
-def _flag_kind(info: FieldInfo) -> str:
-    """How a field is given on the command line: ``switch`` (a bool), ``list`` (a list of strings,
-    one flag each), ``json`` (an object, or a value that may be a list: JSON text) or ``text``."""
-    annotation = info.annotation
-    if annotation is bool:
-        return "switch"
-    options = [_unwrapped(a) for a in _members(annotation) if a is not type(None)]
-    options = [member for a in options for member in _members(a)]
-    if options == [list[str]]:
-        return "list"
-    structured = [get_origin(a) in (list, dict) or (isinstance(a, type) and issubclass(a, BaseModel)) for a in options]
-    return "json" if any(structured) else "text"
-
-
-def _members(annotation: Any) -> tuple[Any, ...]:
-    """The members of a union annotation, or the annotation alone."""
-    return get_args(annotation) if get_origin(annotation) in _UNIONS else (annotation,)
-
-
-def _unwrapped(annotation: Any) -> Any:
-    """``Annotated[T, ...]`` -> ``T``."""
-    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
-
-
-def _json_or_text(value: str) -> Any:
-    """A flag's value read as JSON when it is JSON (``'{"type": "s3"}'``, ``'["id", "name"]'``),
-    else as the text itself (``none``), for the model to validate."""
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 def job_from_args(args: argparse.Namespace) -> S3BatchInput:
@@ -303,79 +229,3 @@ async def cmd_list(args: argparse.Namespace) -> int:
     else:
         print_jobs(jobs)
     return EXIT_OK
-
-
-# ------------------------------------------------------------------------------ their flags
-
-
-def add_start(commands: argparse._SubParsersAction) -> None:
-    start = commands.add_parser("start", help="start a job (validated locally first)")
-    add_job_flags(start)
-    start.add_argument(
-        "--id",
-        help="workflow ID (default: s3batch-<bucket>-<random>, or s3batch-<random> with an encryption key); reusing "
-        "one never reruns it",
-    )
-    start.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
-    start.add_argument("--wait", action="store_true", help="follow the job with a progress bar until it ends")
-    start.add_argument("--json", action="store_true", help="machine-readable output")
-    start.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="start nothing: list the files the job would process and what --after-success would do to each",
-    )
-    start.set_defaults(func=cmd_start)
-
-
-def add_status(commands: argparse._SubParsersAction) -> None:
-    status = commands.add_parser("status", help="progress and in-flight checkpoints of a job")
-    status.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(func=cmd_status)
-
-
-def add_report(commands: argparse._SubParsersAction) -> None:
-    report = commands.add_parser("report", help="the report of a finished job, as a table")
-    report.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-    report.add_argument("--json", action="store_true", help="the report's JSON as written to S3")
-    report.set_defaults(func=cmd_report)
-
-
-def add_redrive(commands: argparse._SubParsersAction) -> None:
-    redrive = commands.add_parser(
-        "redrive",
-        help="start a new job over the files that failed or were cancelled in a finished job (--rejected: over the "
-        "records it rejected)",
-    )
-    redrive.add_argument("workflow_id", metavar="ID", help="the finished job's workflow ID")
-    redrive.add_argument(
-        "--rejected",
-        action="store_true",
-        help="process again only the records ID's files rejected (their lines in its rejects files), from the same "
-        "source versions, once their cause is fixed; those now accepted are written once, beside the rows accepted "
-        "before in a table, or into an output prefix of its own",
-    )
-    redrive.add_argument(
-        "--output-prefix",
-        help="with --rejected: the new job's output prefix (default: _rejected/ under ID's output prefix)",
-    )
-    redrive.add_argument(
-        "--id", help="workflow ID of the new job (default: ID-redrive-<random>, with --rejected ID-rejected-<random>)"
-    )
-    redrive.add_argument("--task-queue", help="task queue of the workers (default: the finished job's)")
-    redrive.add_argument("--wait", action="store_true", help="follow the new job with a progress bar until it ends")
-    redrive.add_argument("--json", action="store_true", help="machine-readable output")
-    redrive.set_defaults(func=cmd_redrive)
-
-
-def add_list(commands: argparse._SubParsersAction) -> None:
-    listing = commands.add_parser("list", help="running and recent jobs")
-    listing.add_argument("--running", action="store_true", help="running jobs only")
-    listing.add_argument(
-        "--source",
-        metavar="BUCKET/PREFIX",
-        help="only jobs of this exact source (with encryption, matched by its HMAC under each configured key)",
-    )
-    listing.add_argument("--limit", type=int, default=50, help="at most this many jobs (default: 50)")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(func=cmd_list)

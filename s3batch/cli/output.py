@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from botocore.exceptions import (
+    BotoCoreError,
     ConnectTimeoutError,
     EndpointConnectionError,
     NoCredentialsError,
@@ -62,6 +63,21 @@ def environment_error(err: BaseException) -> str | None:
                 f"`{LOCAL_STACK_ENV}`; elsewhere check AWS_ENDPOINT_URL_S3 and the network"
             )
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def failure(err: Exception) -> int | None:
+    """Print ``err``, an error a command may meet (an s3batch or client error, S3's, Temporal's), as one line
+    without a traceback, and return its exit code; None for any other error (a bug: its traceback shows)."""
+    from temporalio.service import RPCError
+
+    if isinstance(err, (ClientError, S3BatchError, BotoCoreError)):  # S3BatchError: e.g. S3 refused to read the report
+        err_out.print(safe_line(("error:", "bold red"), f" {environment_error(err) or err}"))
+        return exit_code(err) if not isinstance(err, BotoCoreError) else EXIT_FAILED
+    if isinstance(err, RPCError):  # the server went away, or refused a call
+        status = err.status.name if err.status else "no status"
+        err_out.print(safe_line(("error:", "bold red"), f" Temporal could not answer: {err.message} ({status})"))
+        return EXIT_FAILED
     return None
 
 

@@ -9,7 +9,7 @@ import re
 
 from pydantic import ValidationError
 
-from s3batch.cli.jobs import add_job_flags, job_from_args
+from s3batch.cli.jobs import job_from_args
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.client import connect
 from s3batch.client import schedules as api
@@ -114,42 +114,3 @@ async def cmd_backfill(args: argparse.Namespace) -> int:
     for workflow_id in started:
         out.print(safe_line(f"  {workflow_id}"))
     return EXIT_OK
-
-
-def add_schedule(commands: argparse._SubParsersAction) -> None:
-    schedule = commands.add_parser("schedule", help="incremental jobs started by a Temporal Schedule")
-    sub = schedule.add_subparsers(dest="schedule_command", required=True)
-    create = sub.add_parser("create", help="start an incremental job every interval or on a cron expression")
-    create.add_argument("name", metavar="NAME", help="the schedule's name (its ID is s3batch-NAME)")
-    create.add_argument("--every", help="interval: 15m, 1h, 1d")
-    create.add_argument("--cron", help="cron expression, e.g. '0 * * * *'")
-    create.add_argument(
-        "--overlap", choices=sorted(api.OVERLAPS), default="skip", help="a tick while a run runs (default: skip)"
-    )
-    create.add_argument("--task-queue", help="task queue of the workers (default: S3BATCH_TASK_QUEUE or s3-batch)")
-    create.add_argument("--paused", action="store_true", help="create it paused (e.g. to backfill first)")
-    create.add_argument("--json", action="store_true", help="machine-readable output")
-    create.add_argument("--input", metavar="JSON", help="the job as JSON (instead of the job flags)")
-    add_job_flags(create)
-    create.set_defaults(func=cmd_create)
-    listing = sub.add_parser("list", help="the s3batch schedules")
-    listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(func=cmd_list)
-    for action, text in (
-        ("pause", "start no run until unpause"),
-        ("unpause", "start runs again"),
-        ("trigger", "start a run now"),
-        ("delete", "delete the schedule (runs started go on)"),
-    ):
-        cmd = sub.add_parser(action, help=text)
-        cmd.add_argument("name", metavar="NAME")
-        cmd.set_defaults(func=cmd_action, action=action)
-
-
-def add_backfill(commands: argparse._SubParsersAction) -> None:
-    backfill = commands.add_parser("backfill", help="run a schedule's ticks of a past time window")
-    backfill.add_argument("name", metavar="NAME", help="the schedule's name")
-    backfill.add_argument("--start", required=True, help="ISO 8601 start of the window")
-    backfill.add_argument("--end", required=True, help="ISO 8601 end of the window")
-    backfill.add_argument("--json", action="store_true", help="machine-readable output (the runs' workflow IDs)")
-    backfill.set_defaults(func=cmd_backfill)

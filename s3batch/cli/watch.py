@@ -253,11 +253,3 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     print_outcome(view.result, view.error, await api.ended_report(client, view.workflow_id))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
     return EXIT_OK if view.result is not None else EXIT_FAILED
-
-
-def add_watch(commands: argparse._SubParsersAction) -> None:
-    watch = commands.add_parser("watch", help="live view of a job: a bar per file in flight, speed and ETA")
-    watch.add_argument("workflow_id", metavar="ID", help="the job's workflow ID")
-    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default: 1)")
-    watch.add_argument("--once", action="store_true", help="print the view once and exit (for scripts and logs)")
-    watch.set_defaults(func=cmd_watch)
