@@ -135,7 +135,7 @@ async def test_backfill_refuses_a_window_without_ticks_and_bad_windows(client: C
         assert ahead.code == 2 and f"--end {future.isoformat()} is in the future" in ahead.stderr, ahead
 
         missing = await run("s3batch", "backfill", f"{name}-nope", "--start", "2026-11-30", "--end", "2026-12-01")
-        assert missing.code == 1 and f"no schedule s3batch-{name}-nope" in missing.stderr, missing
+        assert missing.code == 6 and f"no schedule s3batch-{name}-nope" in missing.stderr, missing
         for result in (empty, garbled, backwards, ahead, missing):
             assert "Traceback" not in result.stderr
         started = [wf async for wf in client.list_workflows(f"WorkflowId STARTS_WITH 's3batch-schedule-{name}-'")]

@@ -211,7 +211,7 @@ async def test_status_names_the_current_file_of_a_group(
 
 async def test_status_of_unknown_id_fails_clearly(client: Client):
     r = await run("s3batch", "status", "no-such-job")
-    assert r.code == 1 and "no job with ID 'no-such-job'" in r.stderr
+    assert r.code == 6 and "no job with ID 'no-such-job'" in r.stderr
 
 
 async def test_temporal_cli_start_with_plain_json(

@@ -161,5 +161,5 @@ async def test_a_report_overwritten_by_something_else_is_refused_by_name_without
     with pytest.raises(InvalidInput, match=f"s3://{out}/o/_report.json is not an s3batch job report"):
         await api.report(client, wid)
     r = await run("s3batch", "report", wid)
-    assert r.code == 1 and f"s3://{out}/o/_report.json is not an s3batch job report" in r.stderr, r
+    assert r.code == 8 and f"s3://{out}/o/_report.json is not an s3batch job report" in r.stderr, r
     assert "Traceback" not in r.stderr, r

@@ -205,7 +205,7 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
     [row] = [line for line in listed.stdout.splitlines() if wid in line]
     assert "running" in row and task_queue in row
     early = await run("s3batch", "report", wid)
-    assert early.code == 1 and "no report" in early.stderr, early
+    assert early.code == 6 and "no report" in early.stderr, early
 
     r = await run("s3batch", "resume", wid)
     assert r.code == 0 and f"Resumed job {wid}" in r.stdout, r
@@ -239,7 +239,7 @@ async def test_s3batch_cancel_then_report_lists_cancelled_files(
     with pytest.raises(WorkflowFailureError):
         await handle.result()
     human = await run("s3batch", "report", handle.id)
-    assert human.code == 0, human
+    assert human.code == 4, human  # the report of a cancelled job: exit code 4
     [line] = [line for line in human.stdout.splitlines() if p.in_flight[0] in line]
     assert "cancelled" in line
     [line] = [line for line in human.stdout.splitlines() if "in/01.csv" in line]

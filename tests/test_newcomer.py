@@ -171,7 +171,7 @@ async def test_missing_s3_credentials_or_unreachable_servers_are_one_line_with_t
 ):
     """Point 2: ``s3batch report`` without the stack's S3 credentials (no ``eval $(s3batch-stack
     env)``), with S3 or Temporal unreachable: one line naming what is missing and the command that
-    fixes it, exit 1, no traceback."""
+    fixes it, exit 8 (an error) or 7 (unreachable), no traceback, no dump of the transport's error."""
     src, out = buckets
     s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
     wid = new_id("creds")
@@ -186,14 +186,15 @@ async def test_missing_s3_credentials_or_unreachable_servers_are_one_line_with_t
     port = free_port()
     no_s3 = await s3batch("report", wid, AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{port}")
     no_temporal = await s3batch("status", wid, TEMPORAL_ADDRESS=f"127.0.0.1:{port}")
-    for r, said in (
-        (no_credentials, "no S3 credentials"),
-        (no_s3, f"cannot reach S3 at http://127.0.0.1:{port}"),
-        (no_temporal, f"cannot connect to Temporal at 127.0.0.1:{port}"),
+    for r, said, code in (
+        (no_credentials, "no S3 credentials", 8),
+        (no_s3, f"cannot reach S3 at http://127.0.0.1:{port}", 7),
+        (no_temporal, f"cannot connect to Temporal at 127.0.0.1:{port} (connection refused): is its server", 7),
     ):
-        assert r.code == 1 and "Traceback" not in r.stderr, r
+        assert r.code == code and "Traceback" not in r.stderr, r
         [line] = r.stderr.strip().splitlines()
         assert said in line and "s3batch-stack env" in line, line
+        assert not any(dump in line for dump in ("tonic", "ConnectError", "Os {", "transport")), line
 
 
 async def test_tables_keep_ids_and_file_names_at_80_columns(

@@ -288,7 +288,7 @@ async def test_hostile_keys_are_shown_escaped_by_report_list_status_and_watch(
     assert follow.code == 1, follow  # the bad file fails the job
     assert "\x1b" not in follow.stdout + follow.stderr and "JobFailed" in follow.stderr, follow
     report = await run("s3batch", "report", wid)
-    assert report.code == 0, report
+    assert report.code == 1, report  # the report of a failed job
     assert_shown_escaped(report.stdout, [*keys, prefix + BAD_HOSTILE])
     [bad_row] = [line for line in report.stdout.splitlines() if "header[/].csv" in line]
     assert "failed" in bad_row, report.stdout

@@ -22,11 +22,12 @@ The job flags are the fields of :class:`~s3batch.models.S3BatchInput` (``chunk_r
 from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, profiles; see
 :mod:`s3batch.config`), the task queue from ``S3BATCH_TASK_QUEUE`` unless ``--task-queue`` is given.
 
-Exit codes: 0 done; 1 the job failed, or Temporal could not be reached; 2 invalid input;
-3 the command does not apply to the job in its state: the ID belongs to a job that already finished
-(IDs are never reused; controls need a running job) or that is running with another input, or
-``redrive`` was given a job that is still running or has no failed or cancelled files (with ``--rejected``:
-no rejected record).
+Exit codes tell a script the job's state (:mod:`s3batch.cli.output`, the README's table): 0 succeeded (for
+``status`` and ``watch --once``: or running); 1 the job failed (or timed out); 2 invalid usage or input,
+nothing done; 3 the command does not apply to the job in its state (an ID already used: IDs are never
+reused; a control of a finished job; nothing to redrive); 4 the job was cancelled; 5 terminated; 6 not
+found (no such job, not an s3batch job, no report yet); 7 Temporal or S3 unreachable; 8 another error;
+130 interrupted.
 
 The commands are thin: what they do to a job is :mod:`s3batch.client` (usable from Python), what
 they print is here. :mod:`s3batch.cli.parser` is the command line itself (commands, flags, help: it
@@ -54,7 +55,7 @@ def run(argv: list[str] | None = None) -> int:
     # Imported once the command line is parsed: --help and usage errors never load what commands need.
     import asyncio
 
-    from s3batch.cli.output import CliError, err_out, failure, safe_line
+    from s3batch.cli.output import err_out, failure
 
     module, _, name = args.run.partition(":")
     func = getattr(importlib.import_module(f"s3batch.cli.{module}"), name)
@@ -62,9 +63,6 @@ def run(argv: list[str] | None = None) -> int:
         return int(func(args))  # s3batch worker: runs its own event loop and signal handlers
     try:
         return int(asyncio.run(func(args)))
-    except CliError as err:
-        err_out.print(safe_line(("error:", "bold red"), f" {err}"))
-        return err.code
     except KeyboardInterrupt:
         err_out.print("interrupted: the job itself keeps running (see `s3batch status ID`)")
         return 130

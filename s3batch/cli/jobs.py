@@ -13,13 +13,23 @@ from temporalio.client import Client
 
 from s3batch import client as api
 from s3batch.cli.deploy import print_run_versions
-from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_ID_USED, EXIT_OK, CliError, out, print_json, safe_line
+from s3batch.cli.output import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_WRONG_STATE,
+    CliError,
+    job_exit,
+    out,
+    print_json,
+    safe_line,
+)
 from s3batch.cli.render import follow, print_jobs, print_outcome, print_report, print_view
 from s3batch.client import plan
 from s3batch.client.deployments import run_versions
+from s3batch.messages import S3BatchResult
 from s3batch.models import S3BatchInput
 from s3batch.sinks.spec import destination
-from s3batch.validation import describe_validation_error
+from s3batch.validation import validation_problems
 
 # ------------------------------------------------------------------------------ job flags
 
@@ -37,11 +47,14 @@ def job_from_args(args: argparse.Namespace) -> S3BatchInput:
         # Flags are text: "--chunk-records 500" is read as a number here (JSON input stays strict).
         return S3BatchInput.model_validate(values, strict=False)
     except ValidationError as err:
-        raise CliError(
-            f"invalid job input: {describe_validation_error(err, what='input')}\n"
-            "(nothing was started; see `s3batch start --help`)",
-            EXIT_BAD_INPUT,
-        ) from None
+        raise invalid_input(err, "nothing was started; see `s3batch start --help`") from None
+
+
+def invalid_input(err: ValidationError, nothing: str) -> CliError:
+    """The error of a job input the model refused: each invalid field on a line of its own, then ``nothing``
+    (what was not done, in parentheses)."""
+    problems = "".join(f"\n  {problem}" for problem in validation_problems(err, what="input"))
+    return CliError(f"invalid job input:{problems}\n({nothing})", EXIT_BAD_INPUT)
 
 
 # ------------------------------------------------------------------------------ start, redrive
@@ -83,7 +96,7 @@ async def start_and_follow(
     except api.JobIdUsed as err:
         raise CliError(
             f"{err}. `s3batch status {workflow_id}` shows its outcome; pass another --id to run the job again.",
-            EXIT_ID_USED,
+            EXIT_WRONG_STATE,
         ) from None
     info = {**started.to_json(), **(extra or {})}
     if not as_json:
@@ -94,7 +107,7 @@ async def start_and_follow(
         return EXIT_OK
     if as_json:
         result, error = await api.outcome(client, workflow_id)
-        status = "succeeded" if result is not None else "failed"
+        status = await ended_status(client, workflow_id, result)
         result_json = result.model_dump(mode="json") if result else None
         print_json({**info, "status": status, "result": result_json, "error": error})
     else:
@@ -103,7 +116,16 @@ async def start_and_follow(
             stored = await api.ended_report(client, workflow_id)
         print_outcome(result, error, stored)
         out.print(safe_line(f"  Web UI   {started.ui_url}"))
-    return EXIT_OK if result is not None else EXIT_FAILED
+        status = await ended_status(client, workflow_id, result)
+    return job_exit(status)
+
+
+async def ended_status(client: Client, workflow_id: str, result: S3BatchResult | None) -> str:
+    """How a job that ended ended: ``succeeded``, ``failed``, ``cancelled``, ``terminated`` or ``timed_out``."""
+    if result is not None:
+        return result.status
+    _, desc = await api.describe_run(client, workflow_id)
+    return api.status_word(desc.status)
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
@@ -129,7 +151,7 @@ async def cmd_redrive(args: argparse.Namespace) -> int:
         else:
             plan = await api.prepare_redrive(client, args.workflow_id, args.id, args.task_queue)
     except api.JobIdUsed as err:
-        raise CliError(f"{err}. Pass another --id (or none).", EXIT_ID_USED) from None
+        raise CliError(f"{err}. Pass another --id (or none).", EXIT_WRONG_STATE) from None
     if not args.json and plan.rejected is not None:
         job = plan.job
         out.print(
@@ -188,7 +210,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     else:  # an ended job's report: a failed job's counts, where a sink job's records went
         print_view(view, await api.ended_report(client, args.workflow_id) if view.status != "running" else None)
         print_run_versions(runs)
-    return EXIT_OK
+    return job_exit(view.status)
 
 
 async def cmd_report(args: argparse.Namespace) -> int:
@@ -199,7 +221,7 @@ async def cmd_report(args: argparse.Namespace) -> int:
     else:
         print_report(stored)
         print_run_versions(await run_versions(client, args.workflow_id))
-    return EXIT_OK
+    return job_exit(stored.report.status)
 
 
 def list_query(*, running: bool, source: str | None, keys: Sequence[bytes]) -> str:

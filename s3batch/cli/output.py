@@ -17,14 +17,46 @@ from botocore.exceptions import (
 from rich.console import Console
 from rich.text import Text
 
-from s3batch.client import ClientError, InvalidRequest, WrongJobState
+from s3batch.client import ClientError, ConnectFailed, InvalidRequest, JobNotFound, ReportNotFound, WrongJobState
+from s3batch.client.deployments import DeploymentNotFound
 from s3batch.errors import S3BatchError
 from s3batch.logs import printable
 
 EXIT_OK = 0
+"""The job succeeded (``status`` and ``watch --once``: or is running); any other command: done."""
 EXIT_FAILED = 1
+"""The job failed (or timed out)."""
 EXIT_BAD_INPUT = 2
-EXIT_ID_USED = 3
+"""Invalid usage or input (argparse's own code too): nothing was done."""
+EXIT_WRONG_STATE = 3
+"""The command does not apply to the job in its state (a control of a finished job, an ID already used,
+nothing to redrive)."""
+EXIT_CANCELLED = 4
+"""The job was cancelled."""
+EXIT_TERMINATED = 5
+"""The job was terminated (by ``temporal workflow terminate``: no report was written)."""
+EXIT_NOT_FOUND = 6
+"""No job (schedule, deployment) with this ID, a workflow that is not an s3batch job, or no report yet."""
+EXIT_UNREACHABLE = 7
+"""Temporal or S3 could not be reached."""
+EXIT_ERROR = 8
+"""Any other error (S3 refused a request, no credentials, an object that is not a report...)."""
+
+JOB_EXIT = {
+    "running": EXIT_OK,
+    "succeeded": EXIT_OK,
+    "failed": EXIT_FAILED,
+    "timed_out": EXIT_FAILED,
+    "cancelled": EXIT_CANCELLED,
+    "terminated": EXIT_TERMINATED,
+}
+"""The exit code of a job in each state (``JobView.status``, a report's ``status``)."""
+
+
+def job_exit(status: str) -> int:
+    """The exit code telling a script the job's state (:data:`JOB_EXIT`)."""
+    return JOB_EXIT.get(status, EXIT_ERROR)
+
 
 # No emoji codes: ":name:" in an object key must print as typed.
 out = Console(soft_wrap=True, highlight=False, emoji=False)
@@ -32,9 +64,10 @@ err_out = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 class CliError(Exception):
-    """An error to print (without a traceback) and exit with ``code``."""
+    """An error to print (without a traceback) and exit with ``code``. Its message may have several lines
+    (:func:`print_error`)."""
 
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
 
@@ -46,48 +79,76 @@ _NO_CREDENTIALS = (NoCredentialsError, PartialCredentialsError)
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError)
 
 
-def environment_error(err: BaseException) -> str | None:
-    """One line saying what is missing and how to fix it, when ``err`` (or the error it was raised
-    from) is missing S3 credentials or an unreachable S3 endpoint; else None."""
+def _cause(err: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """``err``, or the error it was raised from (or while handling), that is one of ``kinds``."""
     seen: BaseException | None = err
     while seen is not None:
-        if isinstance(seen, _NO_CREDENTIALS):
-            return (
-                f"no S3 credentials ({type(seen).__name__}). For the local stack run `{LOCAL_STACK_ENV}` first; "
-                "elsewhere set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or use an IAM role)"
-            )
-        if isinstance(seen, _UNREACHABLE):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
-            return (
-                f"cannot reach S3 at {endpoint} ({type(seen).__name__}). For the local stack: `make stack-up`, then "
-                f"`{LOCAL_STACK_ENV}`; elsewhere check AWS_ENDPOINT_URL_S3 and the network"
-            )
+        if isinstance(seen, kinds):
+            return seen
         seen = seen.__cause__ or seen.__context__
     return None
 
 
-def failure(err: Exception) -> int | None:
-    """Print ``err``, an error a command may meet (an s3batch or client error, S3's, Temporal's), as one line
-    without a traceback, and return its exit code; None for any other error (a bug: its traceback shows)."""
-    from temporalio.service import RPCError
-
-    if isinstance(err, (ClientError, S3BatchError, BotoCoreError)):  # S3BatchError: e.g. S3 refused to read the report
-        err_out.print(safe_line(("error:", "bold red"), f" {environment_error(err) or err}"))
-        return exit_code(err) if not isinstance(err, BotoCoreError) else EXIT_FAILED
-    if isinstance(err, RPCError):  # the server went away, or refused a call
-        status = err.status.name if err.status else "no status"
-        err_out.print(safe_line(("error:", "bold red"), f" Temporal could not answer: {err.message} ({status})"))
-        return EXIT_FAILED
+def environment_error(err: BaseException) -> str | None:
+    """One line saying what is missing and how to fix it, when ``err`` (or the error it was raised
+    from) is missing S3 credentials or an unreachable S3 endpoint; else None."""
+    missing = _cause(err, _NO_CREDENTIALS)
+    if missing is not None:
+        return (
+            f"no S3 credentials ({type(missing).__name__}). For the local stack run `{LOCAL_STACK_ENV}` first; "
+            "elsewhere set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or use an IAM role)"
+        )
+    unreachable = _cause(err, _UNREACHABLE)
+    if unreachable is not None:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+        return (
+            f"cannot reach S3 at {endpoint} ({type(unreachable).__name__}). For the local stack: `make stack-up`, "
+            f"then `{LOCAL_STACK_ENV}`; elsewhere check AWS_ENDPOINT_URL_S3 and the network"
+        )
     return None
 
 
-def exit_code(err: ClientError | S3BatchError) -> int:
-    """The exit code of an error: 2 for an invalid request, 3 for a job in the wrong state, else 1."""
+def print_error(message: str) -> None:
+    """``error:`` and the first line of ``message`` on stderr, each further line below it; every line
+    escaped (:func:`safe_line`)."""
+    first, *more = message.split("\n")
+    err_out.print(safe_line(("error:", "bold red"), f" {first}"))
+    for line in more:
+        err_out.print(safe_line(line))
+
+
+def failure(err: Exception) -> int | None:
+    """Print ``err``, an error a command may meet (a :class:`CliError`, an s3batch or client error, S3's,
+    Temporal's), without a traceback, and return its exit code; None for any other error (a bug: its
+    traceback shows)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    if isinstance(err, CliError):
+        print_error(str(err))
+        return err.code
+    if isinstance(err, ClientError | S3BatchError | BotoCoreError):  # e.g. S3 refused to read the report
+        err_out.print(safe_line(("error:", "bold red"), f" {environment_error(err) or err}"))
+        return exit_code(err)
+    if isinstance(err, RPCError):  # the server went away, or refused a call
+        status = err.status.name if err.status else "no status"
+        err_out.print(safe_line(("error:", "bold red"), f" Temporal could not answer: {err.message} ({status})"))
+        gone = err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+        return EXIT_UNREACHABLE if gone else EXIT_ERROR
+    return None
+
+
+def exit_code(err: ClientError | S3BatchError | BotoCoreError) -> int:
+    """The exit code of an error: invalid request 2, wrong job state 3, no such job, deployment or report 6,
+    Temporal or S3 unreachable 7, else 8."""
     if isinstance(err, InvalidRequest):
         return EXIT_BAD_INPUT
     if isinstance(err, WrongJobState):
-        return EXIT_ID_USED
-    return EXIT_FAILED
+        return EXIT_WRONG_STATE
+    if isinstance(err, JobNotFound | ReportNotFound | DeploymentNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(err, ConnectFailed) or _cause(err, _UNREACHABLE):
+        return EXIT_UNREACHABLE
+    return EXIT_ERROR
 
 
 def safe_line(*parts: object) -> Text:

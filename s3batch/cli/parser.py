@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="s3batch",
         description="Start and follow s3batch jobs (durable processing of files in S3 on Temporal).",
         epilog="Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY or a "
-        "temporal.toml profile, as for the temporal CLI.",
+        "temporal.toml profile, as for the temporal CLI. Exit codes: 0 succeeded (status: or running), 1 the job "
+        "failed, 2 invalid usage or input, 3 not in the job's state, 4 cancelled, 5 terminated, 6 not found, "
+        "7 Temporal or S3 unreachable, 8 another error (see the README).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     add_start(commands)
@@ -167,12 +169,22 @@ def _unwrapped(annotation: Any) -> Any:
 
 
 def json_or_text(value: str) -> Any:
-    """A flag's value read as JSON when it is JSON (``'{"type": "s3"}'``, ``'["id", "name"]'``),
-    else as the text itself (``none``), for the model to validate."""
+    """A flag's value read as JSON (``'{"type": "s3"}'``, ``'["id", "name"]'``), or as the text itself when it
+    is not meant as JSON (``none``), for the model to validate.
+
+    Raises:
+        argparse.ArgumentTypeError: The value starts as JSON does (``{``, ``[`` or ``"``) but is not valid
+            JSON: where it breaks (argparse names the flag).
+    """
     try:
         return json.loads(value)
-    except ValueError:
-        return value
+    except json.JSONDecodeError as err:
+        if not value.lstrip().startswith(("{", "[", '"')):
+            return value
+        raise argparse.ArgumentTypeError(
+            f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg} (in single quotes on the command "
+            "line, the shell keeps its double quotes and spaces: '{\"type\": \"s3\"}')"
+        ) from None
 
 
 # ------------------------------------------------------------------------------ the job commands

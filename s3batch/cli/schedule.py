@@ -9,14 +9,13 @@ import re
 
 from pydantic import ValidationError
 
-from s3batch.cli.jobs import job_from_args
+from s3batch.cli.jobs import invalid_input, job_from_args
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, out, print_json, safe_line
 from s3batch.client import connect
 from s3batch.client import schedules as api
 from s3batch.logs import printable
 from s3batch.models import S3BatchInput
 from s3batch.selection import parse_time
-from s3batch.validation import describe_validation_error
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -39,9 +38,7 @@ def _job(args: argparse.Namespace) -> S3BatchInput:
     try:
         return S3BatchInput.model_validate_json(args.input)
     except ValidationError as err:
-        raise CliError(
-            f"invalid job input: {describe_validation_error(err, what='input')} (nothing was created)", EXIT_BAD_INPUT
-        ) from None
+        raise invalid_input(err, "nothing was created") from None
 
 
 async def cmd_create(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from s3batch import client as api
-from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError, err_out, out, safe_line
+from s3batch.cli.output import EXIT_BAD_INPUT, CliError, err_out, job_exit, out, safe_line
 from s3batch.cli.render import (
     age,
     attempt,
@@ -246,10 +246,10 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     if args.once and view.status == "running":
         sample = sample_of(view, time.monotonic())
         out.print(watch_renderable(view, [sample] if sample else []))
-        return EXIT_OK
+        return job_exit(view.status)
     if view.status == "running":
         view = await _live(client, view, args.interval, cache)
     out.print(safe_line((view.workflow_id, "bold"), f": {view.status}"))
     print_outcome(view.result, view.error, await api.ended_report(client, view.workflow_id))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
-    return EXIT_OK if view.result is not None else EXIT_FAILED
+    return job_exit(view.status)

@@ -1,7 +1,8 @@
 """What the client functions raise: each message says what was wrong and what to do.
 
-The command line maps these to its exit codes (:mod:`s3batch.cli`): a :class:`ClientError` is 1,
-an :class:`InvalidRequest` 2 and a :class:`WrongJobState` 3.
+The command line maps these to its exit codes (:mod:`s3batch.cli.output`): an :class:`InvalidRequest` is 2,
+a :class:`WrongJobState` 3, a :class:`JobNotFound` or :class:`ReportNotFound` 6, a :class:`ConnectFailed` 7,
+any other :class:`ClientError` 8.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ class ClientError(S3BatchError):
 
 class JobNotFound(ClientError):
     """No job has this workflow ID in the namespace."""
+
+
+class NotAJob(JobNotFound):
+    """The workflow with this ID is not an s3batch job: a workflow of another type."""
+
+    def __init__(self, message: str, workflow_id: str, workflow_type: str) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.workflow_type = workflow_type
 
 
 class ConnectFailed(ClientError):

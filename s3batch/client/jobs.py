@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch import WORKFLOW_TYPE
 from s3batch import search_attributes as sa
-from s3batch.client.errors import ConnectFailed, InvalidRequest, JobIdRunning, JobIdUsed, JobNotFound
+from s3batch.client.errors import ConnectFailed, InvalidRequest, JobIdRunning, JobIdUsed, JobNotFound, NotAJob
 from s3batch.client.inflight import ObjectsCache, in_flight_files
 from s3batch.client.views import TASK_WAIT_SECONDS, JobSummary, JobView, Outcome, StartedJob
 from s3batch.codec import KeyringError
@@ -88,9 +88,31 @@ async def connect() -> Client:
     except (RuntimeError, RPCError, OSError) as err:
         target = connect_config()["target_host"]
         raise ConnectFailed(
-            f"cannot connect to Temporal at {target}: {err}. For the local stack: `make stack-up`, then "
-            '`eval "$(.venv/bin/s3batch-stack env)"`; elsewhere set TEMPORAL_ADDRESS (or a temporal.toml profile)'
+            f"cannot connect to Temporal at {target} ({connect_reason(err)}): is its server running, and is this "
+            'its address? For the local stack: `make stack-up`, then `eval "$(.venv/bin/s3batch-stack env)"`; '
+            "elsewhere set TEMPORAL_ADDRESS (or a temporal.toml profile)"
         ) from None
+
+
+_TRANSPORT_REASONS = (
+    ("connection refused", "connection refused"),
+    ("dns error", "the host name does not resolve"),
+    ("timed out", "timed out"),
+    ("deadline", "timed out"),
+    ("certificate", "TLS certificate refused"),
+    ("tls", "TLS handshake failed"),
+    ("connection reset", "connection reset"),
+)
+
+
+def connect_reason(err: BaseException) -> str:
+    """A few words on why a connection to Temporal failed, from the SDK's transport error (a dump of nested
+    Rust errors, several lines long): ``connection refused``, ``the host name does not resolve``..."""
+    text = str(err).lower()
+    for found, reason in _TRANSPORT_REASONS:
+        if found in text:
+            return reason
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:80]}" if str(err) else type(err).__name__
 
 
 def ui_url(client: Client, workflow_id: str) -> str:
@@ -214,14 +236,23 @@ async def describe_run(
 
     Raises:
         JobNotFound: No job has this ID.
+        NotAJob: The workflow with this ID is not an s3batch job.
     """
     handle = client.get_workflow_handle(workflow_id, result_type=S3BatchResult)
     try:
-        return handle, await handle.describe()
+        desc = await handle.describe()
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise JobNotFound(f"no job with ID {workflow_id!r} in namespace {client.namespace!r}") from None
         raise
+    if desc.workflow_type != WORKFLOW_TYPE:
+        raise NotAJob(
+            f"workflow {workflow_id!r} is not an s3batch job: it is a {desc.workflow_type!r} workflow (s3batch "
+            f"jobs are {WORKFLOW_TYPE!r}); `temporal workflow describe --workflow-id {workflow_id}` shows it",
+            workflow_id,
+            desc.workflow_type,
+        )
+    return handle, desc
 
 
 async def workers_polling(client: Client, task_queue: str) -> int:

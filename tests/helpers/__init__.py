@@ -76,14 +76,22 @@ class Run(NamedTuple):
     stderr: str
 
 
-async def run(*argv: str, timeout: float = 120) -> Run:
-    """Run an installed executable from the venv's bin without blocking the event loop."""
+async def run(*argv: str, timeout: float = 120, columns: int = 200, env: dict[str, str | None] | None = None) -> Run:
+    """Run an installed executable from the venv's bin without blocking the event loop, at ``columns``
+    columns, in this process's environment changed by ``env`` (None drops a variable)."""
+    environ = {**os.environ, "COLUMNS": str(columns)}
+    for name, value in (env or {}).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
     proc = await asyncio.create_subprocess_exec(
         str(BIN / argv[0]),
         *argv[1:],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "COLUMNS": "200"},
+        stdin=asyncio.subprocess.DEVNULL,
+        env=environ,
     )
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout)
