@@ -89,6 +89,12 @@ def rejects_name(chunk: int, split: int | None = None) -> str:
     return _REJECTS_NAME.format(_split_infix(split), chunk)
 
 
+def rejects_uri(output: str, key: str) -> str:
+    """The prefix of every rejects object of source ``key`` (the whole file's and its splits'), under the job's
+    output ``s3://bucket/output_prefix``: list it to find them (the report's ``rejects_prefix``)."""
+    return f"{file_dir(output, key)}{_REJECTS_NAME.split('{', 1)[0]}"
+
+
 def part_key(output_prefix: str, key: str, chunk: int, suffix: str = JSONL) -> str:
     return file_dir(output_prefix, key) + part_name(chunk, suffix)
 

@@ -35,6 +35,7 @@ import orjson
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from s3batch import layout
 from s3batch.accounting import combine, key_digest
 from s3batch.errors import AccountingError, InvalidInput, S3Error
 from s3batch.messages import FileResult, FinalReportInput, Totals
@@ -51,6 +52,8 @@ class ReportFile(FileResult):
     file's key and status)."""
 
     etag: str = ""
+    rejects_prefix: str | None = None
+    """A file with rejects: the ``s3://`` prefix of its rejects files (``layout.rejects_uri``; older reports: none)."""
 
 
 class ReportListing(BaseModel):
@@ -253,13 +256,11 @@ class FinalReport:
         books = _Books()
         for entry in self.entries():
             books.add(entry)
-            text = _file_json(ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True))
-            if first:
-                yield before.encode()
-                first = False
-                yield text.encode()
-            else:
-                yield b",\n  " + text.encode()
+            item = ReportFile.model_validate(entry).model_dump(mode="json", exclude_unset=True)
+            if item.get("rejected"):  # where its rejects files are
+                item.setdefault("rejects_prefix", layout.rejects_uri(self.summary["output"], item["key"]))
+            yield (before.encode() if first else b",\n  ") + _file_json(item).encode()
+            first = False
         if first:  # no file: "files": []
             yield before[: -len("\n  ")].encode()
             after = after[len("\n ") :]

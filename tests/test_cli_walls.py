@@ -1,5 +1,6 @@
 """Issue 33, the walls of a user's first day with ``s3batch``, each against the real stack: a workflow that is
-not a job, validation errors on real lines, broken JSON in a flag, exit codes that tell the job's state."""
+not a job, validation errors on real lines, broken JSON in a flag, exit codes that tell the job's state, where
+each file's rejects are, and a report table that fits 80 columns."""
 
 from __future__ import annotations
 
@@ -105,3 +106,36 @@ async def test_exit_codes_tell_the_job_state(
     for wid, code in report_codes.items():
         r = await run("s3batch", "report", wid)
         assert r.code == code, (wid, r)
+
+
+async def test_the_report_says_where_each_files_rejects_are_and_fits_80_columns(
+    client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
+) -> None:
+    """Before: no pointer to a file's rejects (you listed the prefix), and at 80 columns the table folded
+    keys mid-word."""
+    src, out = buckets
+    rejecting = "in/exports/2026-11-30/customers-eu-west-1-with-a-long-descriptive-name.csv"
+    clean = "in/exports/2026-11-30/orders-eu-west-1-with-an-even-longer-descriptive-name.csv"
+    s3.put_object(Bucket=src, Key=rejecting, Body=make_csv(50) + b'1,"unterminated\n')
+    s3.put_object(Bucket=src, Key=clean, Body=make_csv(30))
+    base = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--output-prefix", "o/"]
+    done = await run("s3batch", "start", *base, "--task-queue", task_queue, "--wait", "--json")
+    assert done.code == EXIT_OK, done
+    wid = json.loads(done.stdout)["workflow_id"]
+
+    files = {f["key"]: f for f in json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())["files"]}
+    prefix = f"s3://{out}/o/{rejecting}/rejects-"
+    assert files[rejecting]["rejected"] == 1 and files[rejecting]["rejects_prefix"] == prefix
+    assert "rejects_prefix" not in files[clean]
+    listed = s3.list_objects_v2(Bucket=out, Prefix=prefix.removeprefix(f"s3://{out}/"))["Contents"]
+    assert [o["Key"].rsplit("/", 1)[1] for o in listed] == ["rejects-00000.jsonl"]
+
+    for columns in (80, 200):
+        r = await run("s3batch", "report", wid, columns=columns)
+        assert r.code == EXIT_OK, r
+        lines = r.stdout.splitlines()
+        assert any(line.strip().startswith(f"rejects  {prefix}") for line in lines), r.stdout
+        for key in (rejecting, clean):  # each key whole on one line
+            assert any(key in line for line in lines), (columns, r.stdout)
+        long = [line for line in lines if len(line) > columns and "s3://" not in line]  # a URI is as long as it is
+        assert not long, r.stdout

@@ -20,6 +20,7 @@ from s3batch import client as api
 from s3batch import search_attributes as sa
 from s3batch.after_success import DONE
 from s3batch.cli.output import cell, err_out, out, safe_line
+from s3batch.cli.report_files import print_files
 from s3batch.messages import Progress, S3BatchResult, Totals
 from s3batch.models import S3BatchInput
 from s3batch.report import JobReport
@@ -270,7 +271,8 @@ def report_destination(report: JobReport) -> str | None:
 
 
 def print_report(stored: api.StoredReport) -> None:
-    """A job report as a table of its files."""
+    """A job report: its counts, its files (a table, or a block each: :mod:`s3batch.cli.report_files`) with where
+    their rejects are, its warnings and notes."""
     report = stored.report
     colour = {"succeeded": "green", "cancelled": "yellow"}.get(report.status, "red")
     out.print(
@@ -279,24 +281,7 @@ def print_report(stored: api.StoredReport) -> None:
     out.print(safe_line(f"  {report.source} -> {report_destination(report)}"))
     for line in totals_lines(report.totals):
         out.print(f"  {line}")
-    table = Table(box=None, padding=(0, 1))
-    table.add_column("file", overflow="fold")
-    table.add_column("status")
-    for column in ("records", "written", "rejected", "attempts"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("error", overflow="fold")
-    style = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "not_started": "dim"}
-    for f in report.files:
-        table.add_row(
-            cell(f.key),
-            cell(f.status, style.get(f.status, "white")),
-            f"{f.records:,}",
-            f"{f.records_written:,}",
-            f"{f.rejected:,}",
-            f"{f.attempts:,}",
-            cell(f.error or ""),
-        )
-    out.print(table)
+    print_files(report)
     empty = empty_warning(report.totals, report.source or "the prefix") if report.listing.done else []
     for text in warning_lines([*empty, *(f"{f.key}: {w}" for f in report.files for w in f.warnings or ())]):
         out.print(text)
