@@ -23,6 +23,7 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from s3batch import TASK_QUEUE, versioning
 from s3batch.incremental import DEFAULT_MAX_LEDGER_BYTES
+from s3batch.sinks.spec import postgres_variable
 
 
 class PostgresConnection(BaseModel):
@@ -189,7 +190,7 @@ class Settings(BaseSettings):
             return given.get_secret_value()
         if not self._reads_environment:
             return None
-        variable = f"S3BATCH_POSTGRES_{name.upper()}_DSN"
+        variable = postgres_variable(name, "DSN")
         dsn = os.environ.get(variable)
         if dsn:
             return dsn
@@ -207,7 +208,7 @@ class Settings(BaseSettings):
         given = self.postgres_connections.get(name)
         if given is not None:
             return given
-        prefix = f"S3BATCH_POSTGRES_{name.upper()}_"
+        prefix = postgres_variable(name, "")
         found = {
             field: os.environ[prefix + field.upper()]
             for field in PostgresConnection.model_fields

@@ -4,7 +4,9 @@
     s3batch-stack env               # print the variables that point a worker or client at it
     s3batch-stack worker            # one worker in the foreground (Ctrl-C stops it), as `make worker`
     s3batch-stack status            # the servers and background workers, and whether they run
-    s3batch-stack down              # stop the background workers, then both servers
+    s3batch-stack down              # stop the background workers, both servers and the local PostgreSQL
+    s3batch-stack postgres [up|down|status] [--pg-port P] [--connection NAME]
+                                    # a local PostgreSQL 15 for the sink: prints its DSN and the variable
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +23,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from s3batch.dev.postgres import LOCAL_CONNECTION, LOCAL_PORT, local_down, local_lines, local_state, local_up
 from s3batch.dev.stack import Stack, StackConfig, binary, port_free
+from s3batch.sinks.spec import CONNECTION_NAME, postgres_variable
 
 
 def _state_file(root: Path) -> Path:
@@ -31,14 +36,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="s3batch-stack", description="The local stack: a real Temporal dev server and a real SeaweedFS S3 server."
     )
-    parser.add_argument("command", choices=["up", "down", "env", "status", "worker"])
+    parser.add_argument("command", choices=["up", "down", "env", "status", "worker", "postgres"])
+    parser.add_argument("step", nargs="?", choices=["up", "down", "status"], help="postgres: what to do (default: up)")
     parser.add_argument("--root", default=os.environ.get("S3BATCH_STACK_DIR", ".stack"), help="state directory")
     parser.add_argument(
         "--workers", type=int, default=0, metavar="N", help="up: also start N background workers (down stops them)",
     )
     for name, variable in PORT_FLAGS.items():
         parser.add_argument(f"--{name}", type=int, metavar="PORT", help=f"up: instead of {variable}")
+    parser.add_argument("--pg-port", type=int, metavar="PORT", help=f"postgres up: its port (default {LOCAL_PORT})")
+    parser.add_argument(
+        "--connection", default=LOCAL_CONNECTION, metavar="NAME",
+        help=f"postgres up: the sink's connection name, S3BATCH_POSTGRES_<NAME>_DSN (default {LOCAL_CONNECTION})",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.step is not None and args.command != "postgres":
+        parser.error(f"{args.command} takes no {args.step!r}")
     for name, variable in PORT_FLAGS.items():
         value = getattr(args, name.replace("-", "_"))
         if value is not None:
@@ -50,8 +63,33 @@ def main(argv: list[str] | None = None) -> None:
         if args.workers:
             start_workers(_saved_config(root, state), state, args.workers)
         return
+    if args.command == "postgres":
+        _postgres(root, args.step or "up", args.pg_port, args.connection)
+        return
     commands = {"down": _down, "env": _env, "status": _status, "worker": _worker}
     commands[args.command](root, state)
+
+
+def _postgres(root: Path, step: str, port: int | None, connection: str) -> None:
+    """``s3batch-stack postgres up|down|status``: the local PostgreSQL of the stack folder."""
+    if step == "up":
+        if not re.fullmatch(CONNECTION_NAME, connection):
+            sys.exit(f"--connection {connection!r}: a name of letters, digits and _ (it names the variable)")
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            found = local_up(root, port, connection)
+        except RuntimeError as err:
+            sys.exit(f"postgres: {err}")
+        print("\n".join(local_lines(found)))
+        workers = json.loads(_state_file(root).read_text()).get("workers", {}) if _state_file(root).exists() else {}
+        if any(pid_alive(pid) for pid in workers.values()):
+            print("# the background workers started before it lack this connection: `s3batch-stack down`, then "
+                  "`s3batch-stack postgres up` and `s3batch-stack up --workers N` start them with it")
+    elif step == "down":
+        print("stopped postgres (its data stays)" if local_down(root) else "no postgres running")
+    else:
+        state = local_state(root)
+        print(f"postgres: {json.loads(state.read_text())['dsn']}" if state.exists() else "no postgres running")
 
 
 PORT_FLAGS = {
@@ -112,9 +150,19 @@ def _worker(root: Path, state: Path) -> None:
 
 
 def _worker_env(config: StackConfig) -> dict[str, str]:
-    """A dev worker's environment: the stack's, and one worker process (``--workers N`` means N processes;
-    set ``S3BATCH_WORKER_PROCESSES`` to run a supervisor of several, as a container does by default)."""
-    return {"S3BATCH_WORKER_PROCESSES": "1", **os.environ, **config.env()}
+    """A dev worker's environment: the stack's (with the local PostgreSQL's connection, when it runs), and one
+    worker process (``--workers N`` means N processes; set ``S3BATCH_WORKER_PROCESSES`` to run a supervisor of
+    several, as a container does by default)."""
+    return {"S3BATCH_WORKER_PROCESSES": "1", **os.environ, **config.env(), **_postgres_env(config.root)}
+
+
+def _postgres_env(root: Path) -> dict[str, str]:
+    """The variable of the local PostgreSQL's DSN, when ``s3batch-stack postgres up`` started one."""
+    state = local_state(root)
+    if not state.exists():
+        return {}
+    found = json.loads(state.read_text())
+    return {postgres_variable(found["connection"], "DSN"): found["dsn"]}
 
 
 def _up(root: Path, state: Path) -> None:
@@ -142,6 +190,8 @@ def _up(root: Path, state: Path) -> None:
 
 
 def _down(root: Path, state: Path) -> None:
+    if local_down(root):
+        print("stopped postgres (its data stays)")
     if not state.exists():
         print("no stack running")
         return
@@ -163,13 +213,14 @@ def _down(root: Path, state: Path) -> None:
 
 def _env(root: Path, state: Path) -> None:
     config = _saved_config(root, state)
-    for key, value in config.env().items():
+    for key, value in {**config.env(), **_postgres_env(root)}.items():
         print(f"export {key}={value}")
     # So that `s3batch`, `s3batch-worker` and `temporal` run as the README writes them.
     print(f'export PATH="{Path(sys.executable).parent}:$PATH"')
 
 
 def _status(root: Path, state: Path) -> None:
+    _postgres(root, "status", None, LOCAL_CONNECTION)
     if not state.exists():
         print("no stack running")
         return

@@ -27,8 +27,14 @@ from s3batch.validation import INPUT_ERROR
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_$]*$")]
 """A PostgreSQL identifier as written unquoted (letters, digits, ``_``, ``$``; at most 63 bytes)."""
 
-ConnectionName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")]
+CONNECTION_NAME = r"^[A-Za-z][A-Za-z0-9_]*$"
+ConnectionName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=CONNECTION_NAME)]
 """A connection name: its DSN is the worker's ``S3BATCH_POSTGRES_<NAME>_DSN`` (or ``_DSN_FILE``)."""
+
+
+def postgres_variable(connection: str, setting: str) -> str:
+    """The variable of a setting of PostgreSQL connection ``connection``: ``S3BATCH_POSTGRES_WAREHOUSE_DSN``."""
+    return f"S3BATCH_POSTGRES_{connection.upper()}_{setting}"
 
 
 class S3Sink(BaseModel):
