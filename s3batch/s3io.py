@@ -33,7 +33,11 @@ S3Client = Any
 """A boto3 S3 client (boto3 ships no static types for it)."""
 
 _MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"}
-_DENIED_CODES = {"AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+_DENIED_CODES = {"AccessDenied", "403", "Forbidden"}
+_CREDENTIALS_CODES = {
+    "InvalidAccessKeyId": "no such access key ID",
+    "SignatureDoesNotMatch": "the secret key is not the access key's",
+}
 _CHANGED_CODES = {"PreconditionFailed", "412"}
 # Requests the server refuses as malformed: sending them again cannot succeed.
 _REFUSED_CODES = {"InvalidRequest", "InvalidArgument", "KeyTooLongError", "InvalidBucketName", "InvalidObjectName"}
@@ -103,6 +107,12 @@ def raise_s3_error(err: Exception, action: str, bucket: str, key: str | None = N
             what = "bucket" if code == "NoSuchBucket" or key is None else "object"
             raise NotFound(
                 f"{action} {where}: the {what} does not exist ({code}). Check the bucket and key, "
+                "and that the endpoint and region are the right ones."
+            ) from None
+        if code in _CREDENTIALS_CODES:
+            raise AccessDenied(
+                f"{action} {where}: the S3 server refused the credentials ({code}: "
+                f"{_CREDENTIALS_CODES[code]}). Check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), "
                 "and that the endpoint and region are the right ones."
             ) from None
         if code in _DENIED_CODES:

@@ -33,8 +33,20 @@ from pathlib import Path
 from typing import Any
 
 ACCESS_KEY = "s3batch-local"
-SECRET_KEY = "s3batch-local-secret"  # the local store checks nothing; real deployments use IAM roles
+SECRET_KEY = "s3batch-local-secret"  # the local store's only identity (checked as S3 does); real ones: IAM roles
 REGION = "us-east-1"
+
+
+def s3_identities() -> dict[str, Any]:
+    """The local S3 server's identities (SeaweedFS's ``-s3.config``): one, :data:`ACCESS_KEY` with
+    :data:`SECRET_KEY`, allowed everything. With it, a request signed with another key or secret is refused
+    as real S3 refuses it (``InvalidAccessKeyId``, ``SignatureDoesNotMatch``); without it, SeaweedFS takes any."""
+    identity = {
+        "name": ACCESS_KEY,
+        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }
+    return {"identities": [identity]}
 
 
 def binary(name: str) -> str:
@@ -210,6 +222,7 @@ class Stack:
             "-admin.ui=false",
             "-webdav=false",
             "-metricsPort=0",
+            f"-s3.config={c.root / 's3-identities.json'}",
             # Every bucket is a collection with volumes of its own. Without these, SeaweedFS caps the
             # volume count at free disk / 1 GiB and a run creating many buckets (the test suite)
             # hits "No writable volumes". Volumes are sparse files: the cap costs no disk.
@@ -223,6 +236,7 @@ class Stack:
 
     def start_s3(self) -> None:
         (self.config.root / "s3data").mkdir(parents=True, exist_ok=True)
+        (self.config.root / "s3-identities.json").write_text(json.dumps(s3_identities()))
         self._spawn("s3", self.weed_command())
         self._wait_s3()
 
