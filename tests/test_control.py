@@ -184,9 +184,9 @@ async def test_s3batch_pause_set_concurrency_resume_report_and_list(
     client: Client, worker: Worker, task_queue: str, s3: Any, buckets: tuple[str, str]
 ):
     src, out = buckets
-    # About 2 s a file (40 chunks of 50 ms): the job is still running when the CLI, a few seconds to start
-    # on a loaded machine, pauses it.
-    keys = upload(s3, src, 3, 4_000)
+    # About 2 s a file (40 chunks of 50 ms), one at a time: the job is still running when the CLI pauses it,
+    # even where each CLI call takes several seconds (a machine loaded to 12: three files, 6 s, were done first).
+    keys = upload(s3, src, 6, 4_000)
     handle = await start(client, task_queue, slow_job(src, out, max_concurrent_files=1), "s3cli")
     wid = handle.id
     await until(lambda p: p.files_in_flight == 1, handle)

@@ -783,7 +783,11 @@ def test_two_chunks_written_at_once_with_a_key_in_both_commit_in_order_and_once(
             blocker.commit()
             assert earlier.result(timeout=60) == c2
             done = later.result(timeout=60)
-        _poll(lambda: _deadlocks(pg) > deadlocks, 10)  # the interleaving above did deadlock
+        # The interleaving above did deadlock. A backend's counters reach pg_stat_database when it flushes
+        # them (at most once a second, or 10 s after going idle: over the 10 s this waited on a loaded
+        # machine), and at once when it exits: the pool's connections are closed first.
+        pools.close()
+        _poll(lambda: _deadlocks(pg) > deadlocks, 30)
         assert (done.records_written, done.rejected, done.chunk) == (n - 1, 1, 3)
         assert [r for r, _ in done.reject_reasons] == ["refused by PostgreSQL: UniqueViolation (SQLSTATE 23505)"]
         rows = pg.execute(f"SELECT id, name FROM public.{table} WHERE id < 1000 ORDER BY id")
