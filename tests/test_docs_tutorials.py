@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from s3batch.dev.postgres import server_bindir
 from s3batch.dev.stack import Stack
 from tests.helpers.tutorials import Page, missing_lines, parse, script
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ROOT / "docs" / "tutorials"
-PAGES = ["first-job.md", "own-handler.md", "child-workflow.md", "deploy.md"]
+PAGES = ["first-job.md", "own-handler.md", "child-workflow.md", "postgres.md", "deploy.md"]
 SESSION_VARIABLES = ("TEMPORAL_", "AWS_", "S3BATCH_")
 """The test session points these at its own stack: a reader's shell has none of them."""
 
@@ -125,6 +126,8 @@ def run_page(page: Page, stack: Stack, tmp: Path) -> list[tuple[int, str]]:
 @pytest.mark.servers
 @pytest.mark.parametrize("name", PAGES)
 def test_the_tutorial_runs_as_written(name: str, stack: Stack, tmp_path: Path) -> None:
+    if name == "postgres.md" and server_bindir() is None:
+        pytest.skip("PostgreSQL's server binaries are not installed (Debian/Ubuntu: apt-get install postgresql)")
     page = parse((TUTORIALS / name).read_text())
     assert page.steps and page.skipped <= 3, "a tutorial is run, all but a few blocks"
     results = run_page(page, stack, tmp_path)
@@ -132,6 +135,7 @@ def test_the_tutorial_runs_as_written(name: str, stack: Stack, tmp_path: Path) -
         where = f"{name} line {step.line}: `{step.text.strip()[:200]}`"
         assert rc != -1, f"{where}: not reached"
         assert rc == step.exits, f"{where} exited {rc}, not {step.exits}:\n{output[-3000:]}"
-        assert "Traceback" not in output, f"{where}:\n{output[-3000:]}"
+        if step.kind != "background":  # a worker's log may hold the SDK's traceback of a file the page makes fail
+            assert "Traceback" not in output, f"{where}:\n{output[-3000:]}"
         missing = missing_lines(step.expected, output)
         assert not missing, f"{where}: the page shows {missing}, the step printed:\n{output[-3000:]}"

@@ -22,9 +22,9 @@ The job flags are the fields of :class:`~s3batch.models.S3BatchInput` (``chunk_r
 from Temporal's own environment (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``, profiles; see
 :mod:`s3batch.config`), the task queue from ``S3BATCH_TASK_QUEUE`` unless ``--task-queue`` is given.
 
-Exit codes tell a script the job's state (:mod:`s3batch.cli.output`, the README's table): 0 succeeded (for
-``status`` and ``watch --once``: or running); 1 the job failed (or timed out); 2 invalid usage or input,
-nothing done; 3 the command does not apply to the job in its state (an ID already used: IDs are never
+Exit codes tell a script the job's state (:mod:`s3batch.cli.output`; the table in docs/reference/errors.md):
+0 succeeded (for ``status`` and ``watch --once``: or running); 1 the job failed (or timed out); 2 invalid
+usage or input, nothing done; 3 the command does not apply to the job in its state (an ID already used: IDs are never
 reused; a control of a finished job; nothing to redrive); 4 the job was cancelled; 5 terminated; 6 not
 found (no such job, not an s3batch job, no report yet); 7 Temporal or S3 unreachable; 8 another error;
 130 interrupted.

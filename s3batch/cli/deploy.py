@@ -2,7 +2,7 @@
 Deployment) and ``s3batch deploy status|promote|rollback`` (which version takes new jobs).
 
 The deploy commands are thin over :mod:`s3batch.client.deployments`; the ``temporal worker deployment``
-commands do the same (the README's "Upgrading" shows both).
+commands do the same (docs/how-to/upgrade.md shows both).
 """
 
 from __future__ import annotations

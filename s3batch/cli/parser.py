@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY or a "
         "temporal.toml profile, as for the temporal CLI. Exit codes: 0 succeeded (status: or running), 1 the job "
         "failed, 2 invalid usage or input, 3 not in the job's state, 4 cancelled, 5 terminated, 6 not found, "
-        "7 Temporal or S3 unreachable, 8 another error (see the README).",
+        "7 Temporal or S3 unreachable, 8 another error (see docs/reference/errors.md).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     add_start(commands)
