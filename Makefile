@@ -117,7 +117,7 @@ demo: $(STAMP)
 
 # An upgrade with Worker Versioning on the local stack: jobs running on build v1, v2 started beside it and
 # made current, new jobs on v2, running runs finishing on v1 or moving at their next file end, v1 stopped
-# once drained (scripts/upgrade_demo.py; README, "Upgrading with running jobs").
+# once drained (scripts/upgrade_demo.py; docs/how-to/upgrade.md).
 .PHONY: upgrade-demo
 upgrade-demo: $(STAMP)
 	$(BIN)/python scripts/upgrade_demo.py
@@ -126,7 +126,7 @@ upgrade-demo: $(STAMP)
 # "upgrade"): a Docker engine (as make test-container gets one), the worker image, Temporal and S3 on ports of
 # their own (the compose stack where its images can be pulled, else a local stack), v1 up and current, jobs, v2
 # up and promoted, v1 stopped once drained; everything removed at the end (scripts/upgrade_demo_compose.py;
-# README, "Upgrading with running jobs"). Several minutes (image build); not part of make test.
+# docs/how-to/upgrade.md). Several minutes (image build); not part of make test.
 .PHONY: upgrade-demo-compose
 upgrade-demo-compose: $(STAMP)
 	$(BIN)/python scripts/upgrade_demo_compose.py $(UPGRADE_DEMO_ARGS)

@@ -1,4 +1,4 @@
-"""Run an s3batch job from Python on a worker of your own: the README's example, as a script.
+"""Run an s3batch job from Python on a worker of your own: the Python example of the README, as a script.
 
     eval "$(.venv/bin/s3batch-stack env)"   # the local stack (or your own TEMPORAL_* and AWS_* settings)
     python examples/start_job.py incoming demo/ processed runs/python/

@@ -3,7 +3,7 @@
 Checked here from outside, with no Docker engine: the compose file validates against the Compose
 specification's JSON schema, images are pinned, dependencies have health checks, hadolint passes,
 and the exact command and environment the compose file gives the worker (and its one-shot helpers)
-run as real processes against the local test stack, with only the addresses pointed at it. The
+run as real processes against the local test stack, with only the addresses and credentials pointed at it. The
 image itself is built and run on a real engine by tests/test_container.py (make test-container).
 """
 
@@ -204,11 +204,15 @@ def host_argv(service: dict[str, Any]) -> list[str]:
 
 
 def host_env(service: dict[str, Any], stack: Stack, **overrides: str) -> dict[str, str]:
-    """The service's container environment, with the addresses pointed at the local test stack."""
+    """The service's container environment, with the addresses (and the S3 credentials: the local S3 server
+    checks them) pointed at the local test stack."""
     env = container_env(service)
+    stack_env = stack.config.env()
     addresses = {
         "TEMPORAL_ADDRESS": stack.config.temporal_address,
         "AWS_ENDPOINT_URL_S3": stack.config.s3_endpoint,
+        "AWS_ACCESS_KEY_ID": stack_env["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": stack_env["AWS_SECRET_ACCESS_KEY"],
         "S3BATCH_UI_URL": stack.config.ui_url,
     }
     env.update({k: v for k, v in addresses.items() if k in env})

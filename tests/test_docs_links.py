@@ -126,3 +126,14 @@ def test_the_slugs_are_the_ones_both_renderers_make() -> None:
         "after-a-file-is-processed-archive-delete-or-tag-it"
     )
     assert page_slug("Upgrading workers -- with jobs") == "upgrading-workers----with-jobs"
+
+
+def test_the_readme_is_a_front_page() -> None:
+    """At most 300 lines; its test command is the one .ci/run calls; it leads into each part of the site."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300, "the README is a front page: the rest belongs in docs/"
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    testing = readme.split("\n## Testing", 1)[1]
+    assert "`make test`" in testing and "docs/development.md" in testing
+    for part in ("tutorials", "how-to", "reference", "explanation"):
+        assert f"(docs/{part}/index.md)" in readme, part

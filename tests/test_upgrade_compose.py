@@ -3,7 +3,7 @@ and worker-v2 of docker-compose.yml are the worker service, one replica each, of
 two build IDs, kept out of a plain ``docker compose up`` (profile ``upgrade``); the published ports move with
 variables (the demo runs a stack of its own beside the default one); the override for engines without a
 registry puts both on the host network and validates; the script names the same services and images as the
-compose file and the README. The demo itself runs on a Docker engine (minutes: image builds), not here."""
+compose file and docs/how-to/upgrade.md. The demo itself runs on a Docker engine (minutes: image builds), not here."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_the_script_the_make_target_and_the_readme_name_the_same_services() -> N
     assert "upgrade-demo-compose: $(STAMP)\n\t$(BIN)/python scripts/upgrade_demo_compose.py" in makefile
     test_target = re.search(r"^test: (.*)$", makefile, re.M)
     assert test_target and "upgrade" not in test_target.group(1), "not part of make test"
-    readme = (ROOT / "README.md").read_text()
-    assert "make upgrade-demo-compose" in readme
+    page = (ROOT / "docs" / "how-to" / "upgrade.md").read_text()
+    assert "make upgrade-demo-compose" in page
     for name in ("worker-v1", "worker-v2"):
-        assert name in readme, name
+        assert name in page, name
