@@ -41,16 +41,16 @@ from temporalio.converter import (
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker, WorkerConfig
 
-from s3batch.activities.s3_activities import S3Activities
 from s3batch.codec import EncryptionCodec
 from s3batch.config import Settings
 from s3batch.s3io import make_client
 from s3batch.search_attributes import ensure_registered
 from s3batch.versioning import check_version, deployment_config
-from s3batch.workflows.batch import S3BatchWorkflow
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+
+    from s3batch.activities.s3_activities import S3Activities
 
 DEFAULT_HEARTBEAT_THROTTLE = timedelta(seconds=2)
 """Longest gap between two heartbeats of a file reaching the server. The SDK's own default is 80 %
@@ -153,7 +153,7 @@ class S3BatchPlugin(SimplePlugin):
         super().__init__(
             "s3batch",
             data_converter=self._data_converter,
-            workflows=[S3BatchWorkflow],
+            workflows=self._add_workflows,
             activities=self._add_activities,
         )
 
@@ -184,12 +184,21 @@ class S3BatchPlugin(SimplePlugin):
             if s3 is None:
                 # One client for all activity threads, with a connection per slot and a few more.
                 s3 = make_client(self._pool_slots + 4, expected_bucket_owner=self.settings.expected_bucket_owner)
+            from s3batch.activities.s3_activities import S3Activities
+
             self._activities = S3Activities(s3, self.settings)
             self._activities.source_keys = self._keys
         return self._activities
 
     def _data_converter(self, existing: DataConverter | None) -> DataConverter:
         return _converter(existing, self.codec)
+
+    def _add_workflows(self, existing: Sequence[type] | None) -> list[type]:
+        # Imported here, with the activities: a client given the plugin (s3batch status) needs only the data
+        # converter, not the workflow's and activities' imports (pyarrow, psycopg, obstore: about 0.5 s).
+        from s3batch.workflows.batch import S3BatchWorkflow
+
+        return [*(existing or []), S3BatchWorkflow]
 
     def _add_activities(self, existing: Sequence[Callable[..., Any]] | None) -> list[Callable[..., Any]]:
         acts = self.s3_activities

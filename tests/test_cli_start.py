@@ -80,3 +80,16 @@ def test_the_overlap_choices_are_the_schedule_policies() -> None:
     from s3batch.client.schedules import OVERLAPS as POLICIES
 
     assert sorted(OVERLAPS) == sorted(POLICIES)
+
+
+def test_a_client_given_the_plugin_imports_neither_the_workflow_nor_the_activities() -> None:
+    # s3batch status and the other job commands connect with S3BatchPlugin for its data converter: before,
+    # building it imported the workflow and every activity (psycopg, obstore, the sinks), about 0.5 s a command.
+    code = (
+        "import sys; from s3batch.plugin import S3BatchPlugin; S3BatchPlugin(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'obstore') "
+        "or m in ('s3batch.workflows.batch', 's3batch.activities.s3_activities')))"
+    )
+    _, done = imported_by(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
