@@ -23,6 +23,7 @@ from s3batch.cli import build_parser, run
 from s3batch.cli.jobs import job_from_args
 from s3batch.cli.render import totals_lines
 from s3batch.client import prepare_redrive
+from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack, ensure_buckets
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
@@ -31,7 +32,6 @@ from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from tests.helpers import wait_for
-from tests.helpers.faultproxy import FaultProxy, Rule
 from tests.helpers.jobs import execute, start
 from tests.helpers.output import report
 from tests.helpers.workers import worker_process

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client
 
+from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.formats.csv import CsvParser
@@ -32,7 +33,6 @@ from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exactly_once
 from tests.helpers.data import make_csv, messy_csv
 from tests.helpers.fastcsv import bounded, csv_files, run_both_ways
-from tests.helpers.faultproxy import FaultProxy, Rule
 from tests.helpers.output import committed_parts, report
 from tests.helpers.records import chunked, walk
 from tests.helpers.workers import worker_process

@@ -2,7 +2,7 @@
 
 Real worker processes are SIGKILLed, frozen and resumed; the Temporal dev server and the S3 server
 are stopped and restarted on their own data; S3 errors are injected by a fault proxy
-(``tests/helpers/faultproxy.py``) in front of the real S3 server. After each fault the output is checked
+(``s3batch/dev/faultproxy.py``) in front of the real S3 server. After each fault the output is checked
 record by record: nothing lost, nothing doubled.
 
 Each test also records what it observed (records in and out, duplicates, records processed twice,
@@ -38,6 +38,7 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-pro
 from s3batch import layout
 from s3batch.checkpoint import CHECKPOINT_METADATA
 from s3batch.dev import stack as devstack
+from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.models import S3BatchInput
@@ -47,7 +48,6 @@ from tests.fault_handlers import handled_records
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exact, assert_invalid_input, output_check
 from tests.helpers.data import csv_rows, make_csv
-from tests.helpers.faultproxy import FaultProxy, Rule
 from tests.helpers.history import history_events, scheduled_activities
 from tests.helpers.output import committed_parts, read_jsonl, report
 

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from s3batch.dev.faultproxy import FaultProxy
 from s3batch.dev.workers import WorkerProcess
 from s3batch.formats import resolve_format
 from s3batch.formats.parquet import json_values
 from s3batch.jsonvalues import encode_json
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
-from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.jobs import execute, start
 from tests.helpers.output import committed_parts, read_jsonl, report
 from tests.helpers.workers import worker_process

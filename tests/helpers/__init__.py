@@ -16,8 +16,9 @@ tests (what both need lives in :mod:`s3batch.dev`).
   ``assert_runs_replay``, all its text (``history_text``);
 - :mod:`tests.helpers.workers`: worker subprocesses with the test handlers (``worker_process``),
   ``record_reliability`` (rows of docs/explanation/reliability.md);
-- :mod:`tests.helpers.records`: walking a record parser (``walk``, ``line_ends``);
-- :mod:`tests.helpers.faultproxy`: an HTTP fault proxy in front of the S3 server.
+- :mod:`tests.helpers.records`: walking a record parser (``walk``, ``line_ends``).
+
+The HTTP fault proxy in front of the S3 server is :mod:`s3batch.dev.faultproxy` (the soak uses it too).
 
 The fixtures (the stack, clients, buckets, an in-process worker, ``workers``, ``reliability``) are in
 ``tests/conftest.py``.

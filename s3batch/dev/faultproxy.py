@@ -1,4 +1,4 @@
-"""A small HTTP fault proxy in front of the S3 server, for the fault tests.
+"""A small HTTP fault proxy in front of the S3 server, for the fault tests and the soak (``scripts/soak``).
 
 Point a worker at it with ``AWS_ENDPOINT_URL_S3=proxy.url``. Each request is forwarded to the real
 server unless a :class:`Rule` matches it, in which case the proxy answers what a troubled S3 answers:
@@ -10,11 +10,14 @@ server unless a :class:`Rule` matches it, in which case the proxy answers what a
   cannot succeed);
 - ``"reset"``: forward the request, send the response head and the first ``after_bytes`` bytes of
   its body, then reset the connection (RST) mid-body;
-- ``"delay"``: forward the request and hold the response ``delay`` seconds.
+- ``"delay"``: forward the request and hold the response ``delay`` seconds;
+- ``"slow"``: forward the request and send the response body slowly, ``chunk_bytes`` at a time with
+  ``delay`` seconds between them (a slow or congested link).
 
 Every request is logged (method, path, Range, status, action) so a test can count the faults it
 injected and check what the client did next (a retry of the same request, a ranged re-read from a
-later byte). Standard library only: one thread per connection, one request per connection (the
+later byte); a long run keeps only the last ``max_log`` entries, and ``fired`` counts every fault by
+action. Standard library only: one thread per connection, one request per connection (the
 proxy answers ``Connection: close``, which botocore's connection pool handles like any server that
 closes idle connections).
 """
@@ -32,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-Action = Literal["503", "500", "403", "400", "reset", "delay"]
+Action = Literal["503", "500", "403", "400", "reset", "delay", "slow"]
 
 _ERRORS: dict[str, tuple[str, str, str]] = {
     "503": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),
@@ -58,7 +61,9 @@ class Rule:
     after_bytes: int = 0
     """``reset``: body bytes delivered before the connection is reset."""
     delay: float = 0.0
-    """``delay``: seconds the response is held."""
+    """``delay``: seconds the response is held; ``slow``: seconds between two pieces of the body."""
+    chunk_bytes: int = 16_384
+    """``slow``: bytes of the body sent at a time."""
     matched: int = 0
     """Requests that matched so far."""
     fired: int = 0
@@ -103,6 +108,12 @@ class FaultProxy:
     rules: list[Rule] = field(default_factory=list)
     log: list[Entry] = field(default_factory=list)
     port: int = 0
+    max_log: int | None = None
+    """Entries kept in ``log`` (the last ones; None: all)."""
+    fired: dict[str, int] = field(default_factory=dict)
+    """Faults injected so far, by action (every one, whatever ``max_log`` kept)."""
+    requests: int = 0
+    """Requests seen so far."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,6 +161,11 @@ class FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self.rules.clear()
+
+    def remove(self, rule: Rule) -> None:
+        with self._lock:
+            if rule in self.rules:
+                self.rules.remove(rule)
 
     # ------------------------------------------------------------------------------ queries
 
@@ -251,6 +267,11 @@ class FaultProxy:
             rule = next((r for r in self.rules if r._take(method, target)), None)
             entry.action = rule.action if rule else None
             self.log.append(entry)
+            self.requests += 1
+            if rule is not None:
+                self.fired[rule.action] = self.fired.get(rule.action, 0) + 1
+            if self.max_log is not None and len(self.log) > self.max_log:
+                del self.log[: len(self.log) - self.max_log]
 
         if rule is not None and rule.action in _ERRORS:
             entry.status = self._answer_error(conn, rule.action, method, target)
@@ -274,7 +295,13 @@ class FaultProxy:
             entry.status = None
             _reset(conn)
             return
-        conn.sendall(response)
+        if rule is not None and rule.action == "slow":
+            conn.sendall(response_head)
+            for at in range(0, len(response_body), max(rule.chunk_bytes, 1)):
+                time.sleep(rule.delay)
+                conn.sendall(response_body[at : at + rule.chunk_bytes])
+        else:
+            conn.sendall(response)
         entry.body_bytes_sent = len(response_body)
 
 
