@@ -7,8 +7,11 @@ retryability and retry hints.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
@@ -45,19 +48,50 @@ def unexpected(err: BaseException, where: str) -> UnexpectedError:
     )
 
 
-def boundary(*, attempt_details: bool = False) -> Callable[[Callable[P, R]], Callable[P, R]]:
+@contextlib.contextmanager
+def keep_alive() -> Iterator[None]:
+    """While the block runs, heartbeat from a thread of its own (a quarter of the heartbeat timeout apart), when
+    the activity was given a heartbeat timeout: a short activity (a check, a listing page, a report, the ledger)
+    says nothing of its progress, but its worker's death is then noticed after that timeout, not after its
+    start-to-close timeout (minutes during which its job waits)."""
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        yield
+        return
+    context = contextvars.copy_context()  # the activity's: heartbeat() finds it there
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(max(timeout.total_seconds() / 4, 0.2)):
+            try:
+                context.run(activity.heartbeat)
+            except Exception:  # noqa: BLE001 - the activity is ending: nothing more to say
+                return
+
+    thread = threading.Thread(target=beat, name="s3batch-keep-alive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def boundary(*, attempt_details: bool = False, keepalive: bool = False) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Wrap an activity so the s3batch errors it raises leave it as ``ApplicationError`` s.
 
     Args:
         attempt_details: Attach ``{"attempt": n}`` as the error's details (the job report then says
             how many attempts a failed file had).
+        keepalive: Heartbeat while it runs (:func:`keep_alive`): an activity that never heartbeats itself.
     """
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
         def run(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
-                return fn(*args, **kwargs)
+                with keep_alive() if keepalive else contextlib.nullcontext():
+                    return fn(*args, **kwargs)
             except S3BatchError as err:
                 # The file's counts too (TooManyRejects): the report shows how far a failed file got.
                 details = ({"attempt": activity.info().attempt, **err.file_counts()},) if attempt_details else ()

@@ -98,7 +98,7 @@ class S3Activities:
     # ------------------------------------------------------------------ job checks and listing
 
     @activity.defn(name="s3batch.check_job")
-    @boundary()
+    @boundary(keepalive=True)
     def check_job(self, job: JobSpec) -> JobCheck:
         """Fail fast, before any file runs, on a job that cannot work: unknown handler or format,
         buckets or prefixes this worker may not use, limits over its ceilings, missing or unreadable
@@ -161,7 +161,7 @@ class S3Activities:
         )
 
     @activity.defn(name="s3batch.list_objects")
-    @boundary()
+    @boundary(keepalive=True)
     def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
         """One page of ListObjectsV2. Folder markers (``key/`` of size 0) are skipped."""
         if req.manifest:
@@ -223,7 +223,7 @@ class S3Activities:
     # ------------------------------------------------------------------ report
 
     @activity.defn(name="s3batch.write_report_segment")
-    @boundary()
+    @boundary(keepalive=True)
     def write_report_segment(self, req: ReportSegmentInput) -> str:
         """Flush the per-file results of one workflow run (before continue-as-new)."""
         check_allowed(self.settings, "outputs", req.output_bucket, req.output_prefix)
@@ -232,7 +232,7 @@ class S3Activities:
         return key
 
     @activity.defn(name="s3batch.write_report")
-    @boundary()
+    @boundary(keepalive=True)
     def write_report(self, req: FinalReportInput) -> str:
         """Write ``{output_prefix}_report.json``: every file of the job and the totals, streamed from the
         segments of the earlier runs (memory bounded by one segment and one upload part, whatever the
@@ -275,7 +275,7 @@ class S3Activities:
     # ------------------------------------------------------------------ incremental jobs
 
     @activity.defn(name="s3batch.list_incremental")
-    @boundary()
+    @boundary(keepalive=True)
     def list_incremental(self, req: ListIncrementalInput) -> ListObjectsResult:
         """One page of an incremental job's listing: the objects its ledger does not know in their
         current version (see ``s3batch.incremental``)."""
@@ -287,7 +287,7 @@ class S3Activities:
         )
 
     @activity.defn(name="s3batch.write_ledger")
-    @boundary()
+    @boundary(keepalive=True)
     def write_ledger(self, req: WriteLedgerInput) -> str:
         """After the report: advance the ledger over the run's files that succeeded (idempotent)."""
         check_allowed(self.settings, "outputs", *ledger_location(req.ledger))

@@ -47,12 +47,11 @@ with workflow.unsafe.imports_passed_through():
     from s3batch.workflows.report import job_failure, write_report
     from s3batch.workflows.schedule import (
         HAND_OVER_GRACE,
-        SHORT_RETRY,
-        SHORT_TIMEOUT,
         keep_check,
         largest_first,
         next_group,
         run_is_full,
+        short_options,
         start_file_activity,
     )
     from s3batch.workflows.splits import run_splits, split_count, split_outcome
@@ -136,7 +135,7 @@ class S3BatchWorkflow:
         self._update_details()
         if st.run == 0:
             check = await workflow.execute_activity_method(
-                S3Activities.check_job, JobSpec.of(spec), start_to_close_timeout=SHORT_TIMEOUT, retry_policy=SHORT_RETRY
+                S3Activities.check_job, JobSpec.of(spec), **short_options(spec)
             )
             keep_check(st, check, workflow.info().typed_search_attributes.get(sa.SOURCE) is not None)
             self._index.checked_source = source_of(check)
@@ -351,8 +350,7 @@ class S3BatchWorkflow:
                     segment=st.report_segments,
                     files=self._books.results,
                 ),
-                start_to_close_timeout=SHORT_TIMEOUT,
-                retry_policy=SHORT_RETRY,
+                **short_options(spec),
             )
             st.report_segments += 1
         st.run += 1

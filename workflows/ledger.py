@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT, listing_input
+    from s3batch.workflows.schedule import listing_input, short_options
 
     from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri
     from s3batch.messages import JobState, ListObjectsResult
@@ -22,8 +22,7 @@ async def list_page(spec: S3BatchInput, given: S3BatchInput, st: JobState, page_
     return await workflow.execute_activity_method(
         S3Activities.list_objects,
         listing_input(spec, st, page_size),
-        start_to_close_timeout=SHORT_TIMEOUT,
-        retry_policy=SHORT_RETRY,
+        **short_options(spec),
     )
 
 
@@ -48,8 +47,7 @@ async def list_incremental_page(
             job_id=workflow.info().workflow_id,
             execution=workflow.info().first_execution_run_id,
         ),
-        start_to_close_timeout=SHORT_TIMEOUT,
-        retry_policy=SHORT_RETRY,
+        **short_options(spec),
     )
 
 
@@ -74,6 +72,5 @@ async def write_ledger(
             status=status,
             listing_done=listing_done,
         ),
-        start_to_close_timeout=SHORT_TIMEOUT,
-        retry_policy=SHORT_RETRY,
+        **short_options(spec),
     )

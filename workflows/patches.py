@@ -42,3 +42,7 @@ UPGRADE_ON_NEW_VERSION = "upgrade-on-new-version"
 """Worker Versioning: a run that sees a newer worker version made current (or ramping to it) starts no more
 files and hands its files in flight over to its continue-as-new successor, which starts on that version
 (before: it went on to its ``files_per_run`` files, keeping the old version's workers busy that long)."""
+SHORT_ACTIVITIES_HEARTBEAT = "short-activities-heartbeat"
+"""The short activities (the check, listing pages, report segments, the report, the ledger) are given the job's
+heartbeat timeout and heartbeat while they run: one whose worker died is retried after that timeout (before: after
+its 5-minute start-to-close timeout, its job waiting all that time; found by the soak)."""

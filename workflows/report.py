@@ -8,7 +8,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.schedule import SHORT_RETRY, SHORT_TIMEOUT
+    from s3batch.workflows.schedule import short_options
 
     from s3batch.errors import ACCOUNTING_ERROR
     from s3batch.messages import FileResult, FinalReportInput, JobState, Totals
@@ -36,8 +36,7 @@ async def write_report(spec: S3BatchInput, st: JobState, status: JobStatus, file
                 last_listed_key=st.last_listed_key,
                 continuation_token=None if st.listing_done else st.continuation_token,
             ),
-            start_to_close_timeout=SHORT_TIMEOUT,
-            retry_policy=SHORT_RETRY,
+            **short_options(spec),
         )
     except ActivityError as err:
         # The report was written but does not hold every listed key exactly once: the job fails

@@ -14,7 +14,7 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.patches import LARGEST_FIRST, UPGRADE_ON_NEW_VERSION
+    from s3batch.workflows.patches import LARGEST_FIRST, SHORT_ACTIVITIES_HEARTBEAT, UPGRADE_ON_NEW_VERSION
 
     from s3batch.errors import NON_RETRYABLE_TYPES
     from s3batch.messages import (
@@ -37,6 +37,16 @@ SHORT_RETRY = RetryPolicy(
     non_retryable_error_types=NON_RETRYABLE_TYPES,
 )
 """Retries of the short activities."""
+
+
+def short_options(spec: S3BatchInput) -> dict[str, Any]:
+    """Timeouts and retries of a short activity: with the patch :data:`SHORT_ACTIVITIES_HEARTBEAT`, the job's
+    heartbeat timeout too (the activity heartbeats while it runs), so a short activity whose worker died is
+    retried after that, not after :data:`SHORT_TIMEOUT`."""
+    options: dict[str, Any] = {"start_to_close_timeout": SHORT_TIMEOUT, "retry_policy": SHORT_RETRY}
+    if workflow.patched(SHORT_ACTIVITIES_HEARTBEAT):
+        options["heartbeat_timeout"] = timedelta(seconds=spec.heartbeat_timeout_seconds)
+    return options
 HAND_OVER_GRACE = timedelta(seconds=1)
 """Once a run has started its ``files_per_run`` files, how long its files in flight may go on before
 those still running are stopped at a chunk boundary and handed to the next run (whose files then

@@ -1,0 +1,70 @@
+"""What the soak found (issue 34: ``make soak``, ``scripts/soak``), each pinned by a small deterministic test.
+
+1. A short activity (the job's check, a listing page, a report segment, the report, an incremental job's ledger)
+   running on a worker that died held its job for its whole 5-minute start-to-close timeout: nothing noticed the
+   worker was gone (seed 1: a job stuck in ``check_job`` 5 minutes after a SIGKILL). They now heartbeat while
+   they run (``activities/boundary.keep_alive``), given the job's heartbeat timeout (patch
+   ``short-activities-heartbeat``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from datetime import timedelta
+from typing import Any
+
+from s3batch.activities.boundary import boundary
+from s3batch.workflows.batch import S3BatchWorkflow
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from s3batch.dev.faultproxy import FaultProxy, Rule
+from s3batch.dev.stack import Stack
+from s3batch.models import S3BatchInput
+from tests.helpers import wait_for
+from tests.helpers.data import make_csv
+from tests.helpers.jobs import new_id
+from tests.helpers.output import read_jsonl
+
+
+def test_a_short_activity_heartbeats_while_it_runs_when_given_a_heartbeat_timeout() -> None:
+    env = ActivityEnvironment()
+    beats: list[tuple[Any, ...]] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+
+    @boundary(keepalive=True)
+    def short() -> str:
+        time.sleep(1.0)
+        return "done"
+
+    assert env.run(short) == "done"
+    assert beats == [], "no heartbeat timeout, no heartbeat (a job started before the patch)"
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=0.4))
+    assert env.run(short) == "done"
+    assert len(beats) >= 2, beats  # every 0.2 s (at least) for 1 s
+
+
+async def test_a_check_whose_worker_was_killed_is_retried_after_the_heartbeat_timeout(
+    stack: Stack, client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, workers: Any
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
+    with FaultProxy(stack.config.s3_port) as proxy:
+        # The check's first request, the LIST of the source prefix, is held: the check is in flight, on worker a.
+        held = proxy.add(Rule("delay", method="GET", path=rf"^/{src}\?.*list-type=2", times=1, delay=120))
+        a = workers("a", AWS_ENDPOINT_URL_S3=proxy.url)
+        spec = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/",
+                            heartbeat_timeout_seconds=3)
+        handle = await client.start_workflow(S3BatchWorkflow.run, spec, id=new_id("killcheck"), task_queue=task_queue)
+        await wait_for(lambda: held.fired == 1, 60, "the check's LIST held by the proxy")
+        a.kill()
+        killed = time.monotonic()
+        workers("b")
+        result = await asyncio.wait_for(handle.result(), 90)
+    took = time.monotonic() - killed
+    assert result.status == "succeeded"
+    assert len(read_jsonl(s3, out, "o/in/a.csv/")) == 10
+    # Before: the check stayed "started" on the dead worker for its 5-minute start-to-close timeout.
+    assert took < 60, f"the job ended {took:.0f} s after its check's worker was killed"
