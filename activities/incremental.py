@@ -215,7 +215,15 @@ def write_ledger(s3: S3Client, req: WriteLedgerInput, put_ledger: Any, ledgers: 
     report = read_report(s3, req.output_bucket, req.report_key)
     statuses = {f.key: (f.status, f.etag) for f in report.files}
     new = advance(old, req, pages, statuses)
-    put_ledger(bucket, key, new.to_json(), etag)
+    try:
+        put_ledger(bucket, key, new.to_json(), etag)
+    except SourceChanged:
+        # The PUT may have landed and its answer been lost (a connection reset): botocore sends it again, and the
+        # condition then fails on the ledger this very write made. That ledger is this run's: done.
+        now, _ = ledgers.read(s3, req.ledger)
+        if now.last_run == req.run_id and now.last_execution in (None, req.execution):
+            return key
+        raise
     return key
 
 

@@ -5,14 +5,20 @@
    worker was gone (seed 1: a job stuck in ``check_job`` 5 minutes after a SIGKILL). They now heartbeat while
    they run (``activities/boundary.keep_alive``), given the job's heartbeat timeout (patch
    ``short-activities-heartbeat``).
+2. An incremental run whose ledger PUT landed but whose answer was lost (a connection reset) failed: botocore
+   sent the conditional PUT again, it found the ledger that very write had made (412), and the run failed with
+   ``SourceChanged`` although its report said ``succeeded`` and the ledger had recorded it (seed 1, a proxy
+   resetting PUTs). The run now sees that the ledger is its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from s3batch.activities.boundary import boundary
@@ -24,7 +30,7 @@ from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
-from tests.helpers.data import make_csv
+from tests.helpers.data import make_csv, put_files
 from tests.helpers.jobs import new_id
 from tests.helpers.output import read_jsonl
 
@@ -68,3 +74,27 @@ async def test_a_check_whose_worker_was_killed_is_retried_after_the_heartbeat_ti
     assert len(read_jsonl(s3, out, "o/in/a.csv/")) == 10
     # Before: the check stayed "started" on the dead worker for its 5-minute start-to-close timeout.
     assert took < 60, f"the job ended {took:.0f} s after its check's worker was killed"
+
+
+async def test_an_incremental_run_whose_ledger_write_answer_was_lost_succeeds(
+    stack: Stack, client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, workers: Any, tmp_path: Path
+) -> None:
+    src, out = buckets
+    put_files(s3, src, {f"in/f{i}.jsonl": f'{{"v": {i}}}\n'.encode() for i in range(3)})
+    spec = S3BatchInput.model_validate({"bucket": src, "prefix": "in/", "output_bucket": out, "output_prefix": "inc/",
+                                        "incremental": {}})
+    with FaultProxy(stack.config.s3_port) as proxy:
+        # The ledger's PUT reaches S3, then its connection is reset before the answer: botocore sends it again.
+        lost = proxy.add(Rule("reset", method="PUT", path=r"/inc/ledger/ledger\.json$", times=1))
+        workers("a", AWS_ENDPOINT_URL_S3=proxy.url)
+        first = new_id("ledger-lost")
+        result = await client.execute_workflow(S3BatchWorkflow.run, spec, id=first, task_queue=task_queue)
+        puts = [e.status for e in proxy.entries("PUT", r"/inc/ledger/ledger\.json$")]
+        assert lost.fired == 1
+        assert puts == [None, 412], puts  # the write, its answer lost; botocore's retry, refused by its own ledger
+        assert result.status == "succeeded"  # before: failed with SourceChanged
+        ledger = json.loads(s3.get_object(Bucket=out, Key="inc/ledger/ledger.json")["Body"].read())
+        assert ledger["last_run"] == first
+        next_id = new_id("ledger-next")
+        again = await client.execute_workflow(S3BatchWorkflow.run, spec, id=next_id, task_queue=task_queue)
+    assert again.totals.files_listed == 0, "the next run finds every file recorded"
