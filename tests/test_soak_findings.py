@@ -9,6 +9,10 @@
    sent the conditional PUT again, it found the ledger that very write had made (412), and the run failed with
    ``SourceChanged`` although its report said ``succeeded`` and the ledger had recorded it (seed 1, a proxy
    resetting PUTs). The run now sees that the ledger is its own.
+3. ``s3batch redrive`` (``client.prepare_redrive``) of a job over a manifest crashed with pydantic's
+   ``ValidationError`` (the redrive's input, ``only_failed_of`` with a ``manifest``, is refused by the contract): a
+   cancelled manifest job of the soak could not be redriven. It now says that a manifest job is not redriven and
+   what to do instead (``NothingToRedrive``, exit 3, as a redrive of its rejected records already did).
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from s3batch.activities.boundary import boundary
 from s3batch.workflows.batch import S3BatchWorkflow
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment
+from temporalio.worker import Worker
 
+from s3batch import client as api
 from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
 from s3batch.models import S3BatchInput
@@ -98,3 +105,18 @@ async def test_an_incremental_run_whose_ledger_write_answer_was_lost_succeeds(
         next_id = new_id("ledger-next")
         again = await client.execute_workflow(S3BatchWorkflow.run, spec, id=next_id, task_queue=task_queue)
     assert again.totals.files_listed == 0, "the next run finds every file recorded"
+
+
+async def test_a_manifest_job_is_not_redriven_and_says_so(
+    client: Client, worker: Worker, s3: Any, buckets: tuple[str, str], task_queue: str
+) -> None:
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(5))
+    s3.put_object(Bucket=src, Key="lists/today.csv", Body=f"{src},in/a.csv\n{src},in/gone.csv\n".encode())
+    spec = S3BatchInput.model_validate({"manifest": f"s3://{src}/lists/today.csv", "output_bucket": out,
+                                        "output_prefix": "m/"})
+    job_id = new_id("manifest-redrive")
+    with pytest.raises(WorkflowFailureError):  # in/gone.csv failed (NotFound), over max_failed_files 0
+        await client.execute_workflow(S3BatchWorkflow.run, spec, id=job_id, task_queue=task_queue)
+    with pytest.raises(api.NothingToRedrive, match=r"took its files from the manifest s3://.*/lists/today\.csv"):
+        await api.prepare_redrive(client, job_id)  # before: pydantic's ValidationError

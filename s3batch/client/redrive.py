@@ -74,7 +74,8 @@ async def prepare_redrive(
 
     Raises:
         JobNotFound: No job has this ID.
-        NothingToRedrive: The job is still running, has no report, or nothing in it to redrive.
+        NothingToRedrive: The job is still running, has no report, or nothing in it to redrive, or it took its
+            files from a manifest (a redrive lists a prefix).
         JobIdUsed: ``new_id`` already ran and finished.
     """
     wid = workflow_id
@@ -87,6 +88,12 @@ async def prepare_redrive(
             "nothing was started."
         )
     job = await job_input(client, wid)
+    if job.manifest is not None:
+        raise NothingToRedrive(
+            f"job {wid!r} took its files from the manifest {job.manifest}, and a redrive lists a prefix: it cannot "
+            "redrive them. Start a job over a manifest of the files its report lists as failed, cancelled or not "
+            f"started (`s3batch report {wid} --json`); nothing was started."
+        )
     stored = await find_report(job)
     if stored is None:
         uri = f"s3://{job.output_bucket}/{layout.report_key(job.output_prefix)}"
