@@ -13,6 +13,13 @@
    ``ValidationError`` (the redrive's input, ``only_failed_of`` with a ``manifest``, is refused by the contract): a
    cancelled manifest job of the soak could not be redriven. It now says that a manifest job is not redriven and
    what to do instead (``NothingToRedrive``, exit 3, as a redrive of its rejected records already did).
+4. A file in flight when its job was cancelled, whose attempt then failed for a reason a retry may pass or timed out
+   (S3 down, its worker killed or frozen), was reported wrong though its output was committed: the files of a group
+   ``not_started`` (put back to run one by one, then never started), a file alone or in splits ``failed`` with no
+   counts (seed 2: a cancelled Parquet job's 4 files ``not_started`` with 7,762 records in their parts; a file in
+   splits ``failed``, 0 written, 16,947 in its parts). They are now ``cancelled``, their committed output read back
+   into the report (patch ``stopped-attempt``), as a cancel that finds a file waiting for a retry reports it. Pinned
+   with stub activities under the real workflow (each shape, each way of being cut short).
 """
 
 from __future__ import annotations
@@ -28,14 +35,27 @@ from typing import Any
 import pytest
 from s3batch.activities.boundary import boundary
 from s3batch.workflows.batch import S3BatchWorkflow
+from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from s3batch import client as api
 from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
-from s3batch.models import S3BatchInput
+from s3batch.messages import (
+    FileResult,
+    FinalReportInput,
+    JobCheck,
+    ListObjectsInput,
+    ListObjectsResult,
+    ObjectRef,
+    ProcessFileInput,
+    ProcessGroupInput,
+)
+from s3batch.models import JobSpec, S3BatchInput
 from tests.helpers import wait_for
 from tests.helpers.data import make_csv, put_files
 from tests.helpers.jobs import new_id
@@ -120,3 +140,77 @@ async def test_a_manifest_job_is_not_redriven_and_says_so(
         await client.execute_workflow(S3BatchWorkflow.run, spec, id=job_id, task_queue=task_queue)
     with pytest.raises(api.NothingToRedrive, match=r"took its files from the manifest s3://.*/lists/today\.csv"):
         await api.prepare_redrive(client, job_id)  # before: pydantic's ValidationError
+
+
+class CutShort:
+    """Stub activities (the workflow is the real one): a file (group, split) activity runs, heartbeating, until the
+    cancel of its job reaches it; then its attempt fails for a reason a retry may pass (``fails``: S3 went away) or
+    goes silent past its heartbeat timeout (``silent``: its worker frozen), as the soak's faults made them."""
+
+    def __init__(self, how: str, sizes: dict[str, int]) -> None:
+        self.how, self.sizes = how, sizes
+        self.running = 0
+        self.report: FinalReportInput | None = None
+
+    @activity.defn(name="s3batch.check_job")
+    async def check_job(self, job: JobSpec) -> JobCheck:
+        return JobCheck(search_attributes=False)
+
+    @activity.defn(name="s3batch.list_objects")
+    async def list_objects(self, req: ListObjectsInput) -> ListObjectsResult:
+        objects = [ObjectRef(key=k, etag=f"e-{k}", size=n) for k, n in self.sizes.items()]
+        return ListObjectsResult(objects=objects, next_token=None)
+
+    async def _run_until_cancelled(self) -> Any:
+        self.running += 1
+        try:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if self.how == "fails":
+                raise ApplicationError("stub: S3 went away", type="S3Error") from None  # retryable
+            await asyncio.sleep(5)  # silent past the heartbeat timeout
+            raise
+
+    @activity.defn(name="s3batch.process_file")
+    async def process_file(self, req: ProcessFileInput) -> FileResult:
+        return await self._run_until_cancelled()  # type: ignore[no-any-return]
+
+    @activity.defn(name="s3batch.process_group")
+    async def process_group(self, req: ProcessGroupInput) -> list[FileResult]:
+        return await self._run_until_cancelled()  # type: ignore[no-any-return]
+
+    @activity.defn(name="s3batch.write_report")
+    async def write_report(self, req: FinalReportInput) -> str:
+        self.report = req
+        return "_report.json"
+
+    def activities(self) -> list[Any]:
+        return [self.check_job, self.list_objects, self.process_file, self.process_group, self.write_report]
+
+
+@pytest.mark.parametrize("how", ["fails", "silent"])
+@pytest.mark.parametrize(("sizes", "running"), [({"a.csv": 10, "b.csv": 10}, 1), ({"a.csv": 10}, 1),
+                                                ({"a.csv": 200_000}, 2)], ids=["group", "alone", "splits"])
+async def test_files_cut_short_after_a_cancel_are_cancelled_not_failed_or_never_started(
+    stack: Stack, task_queue: str, how: str, sizes: dict[str, int], running: int
+) -> None:
+    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
+    stubs = CutShort(how, sizes)
+    job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
+           "group_max_bytes": 1_000, "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
+    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
+                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
+        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("cut"), task_queue=task_queue)
+        await wait_for(lambda: stubs.running == running, 30, f"{running} file activities running")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+    assert stubs.report is not None
+    # Before: a group's files not_started (put back to run alone, then never started), a file alone or in splits
+    # failed with no counts. Now cancelled: the report activity reads their committed output back.
+    assert {f.key: f.status for f in stubs.report.files} == dict.fromkeys(sizes, "cancelled")
+    if running > 1:
+        assert stubs.report.files[0].splits == running, "each split's committed parts are read back"

@@ -472,7 +472,8 @@ def _failed_as_stopped(*, non_retryable: bool) -> ActivityError:
 
 def test_an_attempt_that_fails_as_a_hand_over_stops_it_is_stopped_not_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     # The server retries no activity it was asked to cancel: an attempt failing meanwhile ends it (retry state
-    # CANCEL_REQUESTED). A hand-over hands it over; failed for good, or a job's cancel, it is failed as before.
+    # CANCEL_REQUESTED). A hand-over hands it over, a job's cancel reports it cancelled (its committed output read
+    # back: the patch stopped-attempt, found by the soak); failed for good, it is failed as before.
     import types
 
     import s3batch.workflows.books as books_module
@@ -484,7 +485,9 @@ def test_an_attempt_that_fails_as_a_hand_over_stops_it_is_stopped_not_failed(mon
     assert stopped.status == "cancelled"
     [failed] = books.failed([big], _failed_as_stopped(non_retryable=True), 10, stopped=True, handing_over=True)
     assert failed.status == "failed"
-    [failed] = books.failed([big], _failed_as_stopped(non_retryable=False), 10, stopped=True, handing_over=False)
+    [stopped] = books.failed([big], _failed_as_stopped(non_retryable=False), 10, stopped=True, handing_over=False)
+    assert stopped.status == "cancelled"
+    [failed] = books.failed([big], _failed_as_stopped(non_retryable=True), 10, stopped=True, handing_over=False)
     assert failed.status == "failed"
 
 

@@ -1,6 +1,6 @@
 """The job's books: what each file activity reported, added to the totals and key digests carried
 from run to run, and the check that they add up (no file lost or counted twice). Pure bookkeeping:
-nothing here issues a workflow command (but a patch's marker, :func:`retry_cut`)."""
+nothing here issues a workflow command (but a patch's marker, :func:`retry_cut`, :func:`stop_cut`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, i
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.patches import HAND_OVER_FAILED_ATTEMPT
+    from s3batch.workflows.patches import HAND_OVER_FAILED_ATTEMPT, STOPPED_ATTEMPT
 
     from s3batch.accounting import combine, key_digest
     from s3batch.after_success import count
@@ -139,9 +139,11 @@ class Books:
         ``handing_over``: for a hand-over, an activity that timed out meanwhile (its worker was lost: the
         server retries no activity it was asked to cancel), or whose attempt failed meanwhile for a reason
         a retry may pass (:func:`retry_cut`), is stopped too, not failed: the next run starts it again
-        from its committed checkpoint.
+        from its committed checkpoint. For a cancel (or ``max_rejected_total``) it is stopped too
+        (:func:`stop_cut`): ``cancelled``, the report reading its committed output back.
         """
         lost = handing_over and (isinstance(err.cause, ActivityTimeout) or retry_cut(err))
+        lost = lost or (stopped and not handing_over and stop_cut(err))
         if stopped and (is_cancelled_exception(err) or lost):
             return [cancelled_result(obj) for obj in group]
         if len(group) == 1:
@@ -224,6 +226,19 @@ def retry_cut(err: ActivityError) -> bool:
     if cause.non_retryable or cause.type in NON_RETRYABLE_TYPES:
         return False  # it failed for good: no retry would have passed it
     return workflow.patched(HAND_OVER_FAILED_ATTEMPT)
+
+
+def stop_cut(err: ActivityError) -> bool:
+    """Whether ``err`` ended an activity that a cancel of the job (or ``max_rejected_total``) had asked to stop, for
+    a reason a retry may pass: an attempt that failed so, or timed out (its worker lost or frozen). The server retries
+    no such activity (retry state ``CANCEL_REQUESTED``); its file stopped where its output was committed. Asks the
+    ``stopped-attempt`` patch only where it changes the outcome."""
+    cause = err.cause
+    if err.retry_state != RetryState.CANCEL_REQUESTED or not isinstance(cause, ApplicationError | ActivityTimeout):
+        return False
+    if isinstance(cause, ApplicationError) and (cause.non_retryable or cause.type in NON_RETRYABLE_TYPES):
+        return False  # it failed for good: no retry would have passed it
+    return workflow.patched(STOPPED_ATTEMPT)
 
 
 def completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] | None:

@@ -42,6 +42,11 @@ UPGRADE_ON_NEW_VERSION = "upgrade-on-new-version"
 """Worker Versioning: a run that sees a newer worker version made current (or ramping to it) starts no more
 files and hands its files in flight over to its continue-as-new successor, which starts on that version
 (before: it went on to its ``files_per_run`` files, keeping the old version's workers busy that long)."""
+STOPPED_ATTEMPT = "stopped-attempt"
+"""A file (a group, a split) whose attempt failed for a reason a retry may pass, or timed out, after a cancel of the
+job (or ``max_rejected_total``) asked it to stop is stopped, ``cancelled``, its committed output read back into the
+report (before: a group's files were reported ``not_started``, a single or split file ``failed`` with no counts, though
+their output was committed; found by the soak)."""
 SHORT_ACTIVITIES_HEARTBEAT = "short-activities-heartbeat"
 """The short activities (the check, listing pages, report segments, the report, the ledger) are given the job's
 heartbeat timeout and heartbeat while they run: one whose worker died is retried after that timeout (before: after

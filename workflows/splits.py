@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut
+    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut, stop_cut
     from s3batch.workflows.patches import FAIL_ALL_REJECTED
     from s3batch.workflows.schedule import start_split_activity
 
@@ -171,6 +171,8 @@ async def run_splits(spec: S3BatchInput, obj: ObjectRef, count: int, ending: Cal
             raise exc
         elif is_cancelled_exception(exc) and (ending() or error is not None):
             results.append(cancelled_result(obj))  # stopped by the job's cancel, or by a sibling's failure
+        elif ending() and stop_cut(exc):
+            results.append(cancelled_result(obj))  # its attempt failed or timed out after the cancel: stopped
         else:
             error = error or exc
     return results, error
