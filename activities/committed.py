@@ -1,13 +1,15 @@
-"""What a cancelled file had committed, read back from its output when the workflow could not know it.
+"""What a cancelled or failed file had committed, read back from its output when the workflow could not know it.
 
 A file stopped by a cancel normally returns the counts of its last checkpoint itself
 (:func:`s3batch.activities.files.process_file`). When it could not (the cancel found it between two
 attempts, waiting for a retry, or its worker was gone), the workflow records it ``cancelled`` with
-zero counts. The report must still say what was committed, so :func:`fill_cancelled` reads each such
-file's committed checkpoint and takes its counts (a redrive resumes from exactly there): for S3 parts,
-the checkpoint of the last contiguous part (one LIST and one HEAD a file); for a PostgreSQL table, the
-file's checkpoint row in the database, which the sink advances in the same transaction as the rows
-(one query for up to 1,000 files, through the worker's pools).
+zero counts; a file that failed (its source changed or deleted mid-file, its attempts used up) is recorded
+``failed`` with zero counts too, unless its error said how far it got. The report must still say what was
+committed, so :func:`fill_cancelled` reads each such file's committed checkpoint and takes its counts (a
+redrive resumes from exactly there): for S3 parts, the checkpoint of the last contiguous part of the file, or
+of each of its byte-range splits (one LIST and one HEAD a file or split); for a PostgreSQL table, the file's
+checkpoint row in the database, which the sink advances in the same transaction as the rows (one query for up
+to 1,000 files, through the worker's pools).
 """
 
 from __future__ import annotations
@@ -112,43 +114,71 @@ def fill_cancelled(
     source_bucket: str = "",
     rejected_of: str | None = None,
 ) -> tuple[list[FileResult], Totals]:
-    """``files`` and ``totals`` with each cancelled file that reported nothing (no chunk) given the
+    """``files`` and ``totals`` with each cancelled or failed file that reported nothing (no chunk) given the
     counts of its last committed checkpoint: read from its parts in ``bucket`` under ``output_prefix``,
     or, for a job whose ``sink`` is a PostgreSQL table, from the database through the worker's ``pools``
     (``source_bucket``: the job's source bucket, "" for a manifest job; ``rejected_of``: its ``rejected_of``)."""
     totals = totals.model_copy()
     files = [_split_parts(s3, bucket, output_prefix, f, totals, secret) if f.splits else f for f in files]
-    silent = [f for f in files if f.status == "cancelled" and f.chunks == 0 and f.records == 0 and not f.splits]
+    silent = [f for f in files if _silent(f)]
     if not silent:
         return files, totals
+    found: dict[tuple[str, str], dict[str, int]] = {}
     if isinstance(sink, PostgresSink):
-        found = table_committed(sink, pools, source_bucket, silent, rejected_of)
+        for where, cp in table_committed(sink, pools, source_bucket, silent, rejected_of).items():
+            found[where] = dict(zip(_COUNTS, _counts(cp), strict=True))
     else:
-        found = {}
         for f in silent:
-            cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret)
-            if cp is not None:
-                found[(f.key, f.etag)] = cp
+            sums = _folder_committed(s3, bucket, output_prefix, f, secret)
+            if sums is not None:
+                found[(f.key, f.etag)] = sums
     filled: list[FileResult] = []
     for f in files:
-        if f.status == "cancelled" and f.chunks == 0 and f.records == 0 and not f.splits:
-            cp = found.get((f.key, f.etag))
-            if cp is not None:
-                f = f.model_copy(
-                    update={
-                        "records": cp.next_record,
-                        "records_written": cp.records_written,
-                        "rejected": cp.rejected,
-                        "dropped": cp.dropped,
-                        "chunks": cp.chunk,
-                    }
-                )
-                totals.records += cp.next_record
-                totals.records_written += cp.records_written
-                totals.rejected += cp.rejected
-                totals.dropped += cp.dropped
+        sums = found.get((f.key, f.etag)) if _silent(f) else None
+        if sums is not None:
+            f = f.model_copy(update=sums)
+            for name in ("records", "records_written", "rejected", "dropped"):
+                setattr(totals, name, getattr(totals, name) + sums[name])
         filled.append(f)
     return filled, totals
+
+
+def _silent(f: FileResult) -> bool:
+    """A cancelled or failed file that reported nothing of what it committed (a file refused before it wrote
+    anything, ``InvalidInput``, is left as it is: what its folder or table holds is an earlier job's)."""
+    if f.status == "failed" and (f.error or "").startswith("InvalidInput"):
+        return False
+    return f.status in ("cancelled", "failed") and f.chunks == 0 and f.records == 0 and not f.splits
+
+
+def _counts(cp: Checkpoint) -> tuple[int, ...]:
+    return cp.next_record, cp.records_written, cp.rejected, cp.dropped, cp.chunk
+
+
+def _folder_committed(
+    s3: S3Client, bucket: str, output_prefix: str, f: FileResult, secret: bytes | None
+) -> dict[str, int] | None:
+    """The counts committed in ``f``'s folder for its version: of its last contiguous part, or of each byte-range
+    split's (a failed file does not say whether it ran in splits), summed; None when nothing is committed."""
+    folder = layout.file_dir(output_prefix, f.key)
+    splits: set[int | None] = set()
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{folder}part-"):
+            for item in page.get("Contents", []):
+                found = layout.output_of(item["Key"][len(folder) :])
+                if found is not None and found[0] == "part":
+                    splits.add(found[1])
+    except (ClientError, BotoCoreError) as err:
+        raise_s3_error(err, "listing output under", bucket, folder)
+    sums = dict.fromkeys(_COUNTS, 0)
+    committed = False
+    for split in [None] if None in splits else sorted(s for s in splits if s is not None):
+        cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret, split)
+        if cp is not None:
+            committed = True
+            for name, value in zip(_COUNTS, _counts(cp), strict=True):
+                sums[name] += value
+    return sums if committed else None
 
 
 _COUNTS = ("records", "records_written", "rejected", "dropped", "chunks")

@@ -42,6 +42,7 @@ from s3batch.messages import (
     ProcessFileInput,
     ProcessGroupInput,
     ReportSegmentInput,
+    Totals,
 )
 from s3batch.models import JobSpec
 from s3batch.report import JobReport, books_error, final_report, put_report, read_report, read_segment, segment_body
@@ -240,29 +241,25 @@ class S3Activities:
         job = req.job
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
 
+        filled: dict[tuple[str, str], dict[str, Any]] = {}
+
         def segments() -> Iterator[dict[str, Any]]:
             for segment in range(req.segments):
-                yield from read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment))
+                for entry in read_segment(self.s3, job.output_bucket, layout.segment_key(job.output_prefix, segment)):
+                    yield filled.get((entry["key"], entry["etag"]), entry)
 
         redriven = None
         if not req.listing_done and (job.only_failed_of or job.rejected_of):
             redriven = self._read_report(job.only_failed_of or job.rejected_of or "")
-        if any(f.status == "cancelled" for f in req.files):
-            # Files a cancel (or max_rejected_total) found between attempts report nothing: their committed
-            # parts say how far they got.
-            secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
-            done, totals = fill_cancelled(
-                self.s3,
-                job.output_bucket,
-                job.output_prefix,
-                req.files,
-                req.totals,
-                secret,
-                sink=job.sink,
-                pools=self._pools_for(job.sink),
-                source_bucket=job.bucket,
-                rejected_of=job.rejected_of,
-            )
+        # Files a cancel (or max_rejected_total) found between attempts report nothing, nor do most failed files:
+        # their committed parts (or checkpoint rows) say how far they got. Those of earlier runs are in segments.
+        if req.totals.files_failed > sum(1 for f in req.files if f.status == "failed"):
+            earlier = [FileResult.model_validate(e) for e in segments() if e["status"] == "failed"]
+            done, totals = self._fill(job, earlier, req.totals)
+            filled = {(f.key, f.etag): f.model_dump(mode="json") for f in done}
+            req = req.model_copy(update={"totals": totals})
+        if any(f.status in ("cancelled", "failed") for f in req.files):
+            done, totals = self._fill(job, req.files, req.totals)
             req = req.model_copy(update={"files": done, "totals": totals})
         report = final_report(req, segments, redriven)
         key = layout.report_key(job.output_prefix)
@@ -271,6 +268,14 @@ class S3Activities:
         if error is not None:
             raise error
         return key
+
+    def _fill(self, job: JobSpec, files: list[FileResult], totals: Totals) -> tuple[list[FileResult], Totals]:
+        """``files`` and ``totals`` with the committed counts of the cancelled and failed files that said nothing."""
+        secret = self.settings.checkpoint_secret.get_secret_value().encode() or None
+        return fill_cancelled(
+            self.s3, job.output_bucket, job.output_prefix, files, totals, secret, sink=job.sink,
+            pools=self._pools_for(job.sink), source_bucket=job.bucket, rejected_of=job.rejected_of,
+        )
 
     # ------------------------------------------------------------------ incremental jobs
 

@@ -20,6 +20,11 @@
    splits ``failed``, 0 written, 16,947 in its parts). They are now ``cancelled``, their committed output read back
    into the report (patch ``stopped-attempt``), as a cancel that finds a file waiting for a retry reports it. Pinned
    with stub activities under the real workflow (each shape, each way of being cut short).
+5. A file that failed after committing part of its output (its source overwritten between two attempts, deleted,
+   its attempts used up) was reported with 0 records written (seed 67: an incremental run's file ``failed``, 0
+   written, 32 records in its part): the report understated its job's output. The report now reads a failed file's
+   committed output back, as it does a cancelled one's (this run's files, and those of earlier runs in the report's
+   segments).
 """
 
 from __future__ import annotations
@@ -214,3 +219,30 @@ async def test_files_cut_short_after_a_cancel_are_cancelled_not_failed_or_never_
     assert {f.key: f.status for f in stubs.report.files} == dict.fromkeys(sizes, "cancelled")
     if running > 1:
         assert stubs.report.files[0].splits == running, "each split's committed parts are read back"
+
+
+async def test_a_file_that_failed_after_committing_parts_reports_them(
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, workers: Any
+) -> None:
+    src, out = buckets
+    put_files(s3, src, {"in/f0.csv": make_csv(2_000), "in/f1.csv": make_csv(10)})
+    env = {"S3BATCH_TEST_HANDLER_DELAY": "0.1"}
+    a = workers("a", **env)
+    spec = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", handler="slow_passthrough",
+                        chunk_records=100, heartbeat_timeout_seconds=3, max_concurrent_files=1, group_max_files=1,
+                        max_failed_files=1)
+    handle = await client.start_workflow("S3BatchWorkflow", args=[spec.model_dump(mode="json"), {"files_per_run": 1}],
+                                         id=new_id("failed-parts"), task_queue=task_queue)
+    await wait_for(lambda: len(read_jsonl(s3, out, "o/in/f0.csv/")) >= 300, 60, "3 committed parts of f0.csv")
+    a.kill()
+    s3.put_object(Bucket=src, Key="in/f0.csv", Body=make_csv(5))  # its next attempt finds it changed: SourceChanged
+    workers("b", **env)
+    await asyncio.wait_for(handle.result(), 120)
+    report = json.loads(s3.get_object(Bucket=out, Key="o/_report.json")["Body"].read())
+    f0 = next(f for f in report["files"] if f["key"] == "in/f0.csv")
+    written = len(read_jsonl(s3, out, "o/in/f0.csv/"))
+    assert f0["status"] == "failed" and f0["error"].startswith("SourceChanged"), f0
+    # f0 failed in the job's first run (files_per_run 1): its entry comes from that run's report segment.
+    assert f0["records_written"] == written >= 300, (f0, written)  # before: 0
+    assert f0["records"] == written and f0["chunks"] == written // 100
+    assert report["totals"]["records_written"] == written + 10
