@@ -399,6 +399,31 @@ async def upgrade_on_new_version(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return handle, "succeeded"
 
 
+async def stopped_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """Cancelled while a file's attempt runs, and that attempt then fails (a fault a retry passes) before it could
+    learn of the cancel (patch ``stopped-attempt``): the server retries no activity asked to stop, and the file is
+    reported ``cancelled`` with what it committed, not ``failed``. Its short activities heartbeat (patch
+    ``short-activities-heartbeat``). The handler ``gate_then_fail`` holds the file in its chunk 3 until the cancel
+    has reached it (the gate is a file the recorder writes)."""
+    src, out = ctx.buckets("stopped-attempt")
+    gates = Path(ctx.worker_env["S3BATCH_TEST_GATE_DIR"])
+    ctx.put(src, {"in/00-gated.csv": csv_rows(1_000, name=CANARY), "in/01.csv": csv_rows(20, name=CANARY)})
+    job = _job(src, out, handler="gate_then_fail", chunk_records=100, group_max_files=1, max_concurrent_files=1,
+               heartbeat_timeout_seconds=30)  # fmt: skip
+    handle = await ctx.start("stopped_attempt", job)
+
+    async def at_gate() -> bool:
+        return (gates / f"{src}.reached").exists()
+
+    try:
+        await _wait(at_gate, "the file at its gate")
+        await handle.cancel()
+        await _wait(lambda: _cancel_requested(handle), "the job asking the file to stop")
+    finally:
+        (gates / f"{src}.open").touch()
+    return handle, "CancelledError"
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "continue_as_new": continue_as_new,
     "groups": groups,
@@ -418,6 +443,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "hand_over_failed_attempt": hand_over_failed_attempt,
     "cancel_in_check": cancel_in_check,
     "upgrade_on_new_version": upgrade_on_new_version,
+    "stopped_attempt": stopped_attempt,
 }
 
 CURRENT_ONLY = {
@@ -428,6 +454,7 @@ CURRENT_ONLY = {
     "hand_over_failed_attempt",
     "cancel_in_check",
     "upgrade_on_new_version",
+    "stopped_attempt",
 }
 """Scenarios of options, handlers or worker settings v0.1.0 does not have: a release is recorded without them
 unless ``--only`` names them."""
@@ -443,5 +470,6 @@ PATCHES: dict[str, set[str]] = {
     "hand_over_failed_attempt": {"hand-over-failed-attempt", "hand-over-stragglers"},
     "cancel_in_check": {"report-on-any-cancel"},
     "upgrade_on_new_version": {"upgrade-on-new-version"},
+    "stopped_attempt": {"stopped-attempt", "short-activities-heartbeat"},
 }
 """The patch markers the runs of a scenario recorded with the working tree must hold (``--current``)."""
