@@ -39,7 +39,7 @@ test: $(STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
 	rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); status=$$?; \
+	$(BIN)/coverage run -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40 $(PYTEST_ARGS); status=$$?; \
 	  $(BIN)/coverage combine --quiet; \
 	  $(BIN)/coverage report $(if $(PYTEST_ARGS),--fail-under=0); covered=$$?; \
 	  [ $$status -ne 0 ] && exit $$status; exit $$covered
@@ -130,6 +130,16 @@ upgrade-demo: $(STAMP)
 .PHONY: upgrade-demo-compose
 upgrade-demo-compose: $(STAMP)
 	$(BIN)/python scripts/upgrade_demo_compose.py $(UPGRADE_DEMO_ARGS)
+
+# Many jobs of every kind under combined faults on a stack of its own, the books checked at the end
+# (scripts/soak; docs/explanation/reliability.md): SOAK_MINUTES (10) of jobs and faults, then the drain and the check;
+# SOAK_SEED replays a run's schedule (its seed is printed first); SOAK_ARGS more flags (--faults-per-minute,
+# --jobs, --port-range; python -m scripts.soak --help). Exits 1 on a violation, printing the seed, the faults'
+# timeline and the first record that breaks the books.
+SOAK_MINUTES ?= 10
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python -m scripts.soak --minutes $(SOAK_MINUTES) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) $(SOAK_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
