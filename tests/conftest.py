@@ -54,10 +54,26 @@ settings.register_profile("s3batch", deadline=None)
 settings.load_profile("s3batch")
 
 
+LONG_FIRST = (
+    "test_soak.py",
+    "test_soak_checker.py",
+    "test_sink_postgres_model.py",
+    "test_report_scale.py",
+    "test_cli_walls.py",
+    "test_bench_smoke.py",
+    "test_upgrade.py",
+)
+"""Modules of the longest tests, longest first (make test prints the 40 slowest): handed to the xdist workers
+first, so the suite does not end with one worker still in a two-minute test while the others wait (in
+collection order, the soak's group came last)."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.servers)
+    rank = {name: index for index, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's order is kept
 
 
 @pytest.fixture(scope="session")

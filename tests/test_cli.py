@@ -185,9 +185,10 @@ async def test_status_names_the_current_file_of_a_group(
     src, out = buckets
     keys = [f"in/{name}.csv" for name in ("a", "b", "c")]
     for n, key in enumerate(keys):
-        # Small files (grouped into one activity), 100 chunks of 50 ms each: the group is in flight for
-        # 15 s, long enough for `s3batch status` processes started on a loaded machine.
-        upload_chunks(s3, src, key, customers_csv(2_000, seed=n))
+        # Small files (grouped into one activity, run side by side on the group's threads), 300 chunks of
+        # 50 ms each: the group is in flight for 15 s, long enough for `s3batch status` processes started on
+        # a loaded machine (with 100 chunks a file, 5 s, CI under load saw the job end first).
+        upload_chunks(s3, src, key, customers_csv(6_000, seed=n))
     wid = job_id("group")
     started = await run(
         "s3batch", "start", "--bucket", src, "--prefix", "in/", "--output-bucket", out, "--handler", SLOW_HANDLER,
@@ -206,7 +207,7 @@ async def test_status_names_the_current_file_of_a_group(
     assert sorted(view["progress"]["in_flight"]) == keys
 
     result = await client.get_workflow_handle(wid, result_type=S3BatchResult).result()
-    assert result.totals.records_written == 6_000
+    assert result.totals.records_written == 18_000
 
 
 async def test_status_of_unknown_id_fails_clearly(client: Client):

@@ -192,10 +192,11 @@ async def test_docker_stop_hands_the_file_in_flight_to_another_container(
     client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, containers: Any
 ) -> None:
     src, out = buckets
-    # Alone, the first container would take over 24 s on the file (80 chunks, 0.3 s each): the second
-    # one's start on a loaded machine still leaves the file mid-way when the first is stopped. The
+    # Alone, the first container would take over 60 s on the file (200 chunks, 0.3 s each): the second
+    # one's start on a loaded machine (33 s seen in CI beside the suite, when 24 s of work let the first
+    # finish the file before the stop) still leaves the file mid-way when the first is stopped. The
     # second finishes the rest quickly.
-    rows, chunk = 80_000, 1_000
+    rows, chunk = 200_000, 1_000
     s3.put_object(Bucket=src, Key="big.csv", Body=make_csv(rows))
     first = containers("stop-a", S3BATCH_TEST_HANDLER_DELAY="0.3")
     await first.wait_ready()
