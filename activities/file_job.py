@@ -1,7 +1,7 @@
 """One attempt at one file: the chunk loop, its heartbeats, and stopping on a worker shutdown.
 
 Write-then-checkpoint: a chunk's part (data + checkpoint metadata) is written in one PUT, and only
-then heartbeated. Where to resume and how a part is committed: :mod:`s3batch.checkpoint`; reading
+then heartbeated. Where to resume and how a part is committed: :mod:`s3batch.file_output`; reading
 the records: :mod:`s3batch.formats.source`; the handler and the chunk's books: ``handling``.
 """
 
@@ -23,11 +23,11 @@ from temporalio import activity
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
 from s3batch.errors import TooManyRejects, WorkerShutdown
-from s3batch.formats import resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.json import BadDocument
+from s3batch.formats.keys import resolve_format
 from s3batch.formats.source import SourceFile, reading_of
 from s3batch.handlers import ChunkContext, get_handler
 from s3batch.limits import check_allowed, check_ceilings
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from mypy_boto3_s3 import S3Client
 
-    from s3batch.formats import Parser
+    from s3batch.formats.parsers import Parser
     from s3batch.sinks.postgres_pools import PostgresPools
 
 FAST_MIN_BYTES = 64 * 1024

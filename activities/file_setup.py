@@ -13,9 +13,10 @@ from s3batch.activities.write_behind import WriteBehind
 from temporalio import activity
 
 from s3batch import layout
-from s3batch.checkpoint import Checkpoint, FileOutput, fingerprint
+from s3batch.checkpoint import Checkpoint, fingerprint
 from s3batch.columns import encoder_of
 from s3batch.errors import OutputKeyTooLong
+from s3batch.file_output import FileOutput
 from s3batch.formats.compression import MAX_RATIO
 from s3batch.handlers import passthrough
 from s3batch.limits import sse_params
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     from s3batch.config import Settings
     from s3batch.formats.common import ParsedFormat
-    from s3batch.formats.compression import Compression
+    from s3batch.formats.keys import Compression
     from s3batch.messages import ProcessFileInput
     from s3batch.reading import Reading
     from s3batch.sinks.postgres_pools import PostgresPools

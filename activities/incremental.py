@@ -27,7 +27,7 @@ from s3batch.incremental import (
     pages_dir,
 )
 from s3batch.messages import ListObjectsResult, ObjectRef
-from s3batch.report import read_report
+from s3batch.report_store import read_report
 from s3batch.s3io import STREAM_ERRORS, error_code, is_missing_object, raise_s3_error, strip_etag
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch.limits import allows, not_allowed
 from s3batch.messages import ListObjectsInput, ListObjectsResult, ObjectRef
-from s3batch.report import fetch_report, redrive_plan
+from s3batch.report import redrive_plan
+from s3batch.report_store import fetch_report
 from s3batch.s3io import is_missing_object, raise_s3_error, strip_etag
 from s3batch.selection import KeyFilter
 

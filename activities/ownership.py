@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3batch import layout
 from s3batch.errors import InvalidInput
 from s3batch.models import JobSpec
-from s3batch.report import find_report
+from s3batch.report_store import find_report
 from s3batch.s3io import is_missing_object, raise_s3_error
 
 if TYPE_CHECKING:

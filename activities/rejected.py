@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from s3batch.config import Settings
-    from s3batch.formats import Parser
     from s3batch.formats.common import Record
+    from s3batch.formats.parsers import Parser
     from s3batch.formats.source import SourceFile
     from s3batch.messages import ProcessFileInput
 

@@ -6,7 +6,7 @@ built by the worker and shared: boto3 clients are thread-safe. Each activity is 
 
 Where the work is done: listing in ``listing``, files in ``files`` and ``file_job`` (the chunk loop),
 the handler in ``handling``; checkpoints in :mod:`s3batch.checkpoint`, the report in
-:mod:`s3batch.report`, reading records in :mod:`s3batch.formats`.
+:mod:`s3batch.report_store`, reading records in :mod:`s3batch.formats`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from s3batch.messages import (
     Totals,
 )
 from s3batch.models import JobSpec
-from s3batch.report import JobReport, books_error, final_report, put_report, read_report, read_segment, segment_body
+from s3batch.report import JobReport, books_error
+from s3batch.report_store import final_report, put_report, read_report, read_segment, segment_body
 from s3batch.s3io import raise_s3_error
 from s3batch.selection import split_s3_uri
 from s3batch.sinks.spec import PostgresSink
@@ -237,7 +238,7 @@ class S3Activities:
     def write_report(self, req: FinalReportInput) -> str:
         """Write ``{output_prefix}_report.json``: every file of the job and the totals, streamed from the
         segments of the earlier runs (memory bounded by one segment and one upload part, whatever the
-        number of files; see ``s3batch.report``)."""
+        number of files; see ``s3batch.report_store``)."""
         job = req.job
         check_allowed(self.settings, "outputs", job.output_bucket, job.output_prefix)
 

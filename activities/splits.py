@@ -25,8 +25,8 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from s3batch.checkpoint import FileOutput
 from s3batch.errors import SPLIT_BOUNDARY, BadFile
+from s3batch.file_output import FileOutput
 from s3batch.s3io import open_object
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from s3batch.formats import Parser
 from s3batch.formats.common import Record
 from s3batch.formats.fastcsv import FastCsvParser
+from s3batch.formats.parsers import Parser
 from s3batch.sinks.rows import CsvRows
 
 if TYPE_CHECKING:

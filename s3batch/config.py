@@ -321,9 +321,11 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
-async def connect(plugins: list[Any], runtime: Runtime | None = None) -> Client:
+async def connect(plugins: list[Any], runtime: Runtime | None = None, **options: Any) -> Client:
+    """A client of the environment's Temporal (:func:`connect_config`); ``options``: more ``Client.connect``
+    arguments (``data_converter``)."""
     config = connect_config()
-    return await Client.connect(**config, plugins=plugins, runtime=runtime)
+    return await Client.connect(**config, plugins=plugins, runtime=runtime, **options)
 
 
 def metrics_runtime(address: str) -> Runtime:

@@ -24,28 +24,22 @@ Settings())`` configures it from the ``S3BATCH_*`` variables, as ``s3batch-worke
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client
-from temporalio.common import WorkerDeploymentVersion
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import (
-    DataConverter,
-    DefaultFailureConverter,
-    DefaultFailureConverterWithEncodedAttributes,
-)
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import Worker, WorkerConfig
+from temporalio.worker import Worker, WorkerConfig, WorkerDeploymentConfig
 
-from s3batch.codec import EncryptionCodec
 from s3batch.config import Settings
+from s3batch.converter import data_converter, encryption_codec
 from s3batch.s3io import make_client
 from s3batch.search_attributes import ensure_registered
-from s3batch.versioning import check_version, deployment_config
+from s3batch.versioning import check_version
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -61,27 +55,17 @@ every 2 s per running file."""
 _DEFAULT_ACTIVITY_SLOTS = 100  # the SDK's default max_concurrent_activities
 
 
-def _converter(existing: DataConverter | None, codec: EncryptionCodec | None) -> DataConverter:
-    # Swap in the pydantic payload converter and, when a key is given, the encryption codec and a
-    # failure converter that moves each failure's message and stack trace into its (encrypted)
-    # encoded attributes: they name buckets and keys. A failure converter the user configured is
-    # kept without a key; with one, it must encode those attributes too, or the promise is broken.
-    base = existing or pydantic_data_converter
-    changes: dict[str, Any] = {"payload_converter_class": pydantic_data_converter.payload_converter_class}
-    if codec is not None:
-        changes["payload_codec"] = codec
-        failures = base.failure_converter_class
-        if failures is DefaultFailureConverter:
-            changes["failure_converter_class"] = DefaultFailureConverterWithEncodedAttributes
-        elif not getattr(base.failure_converter, "_encode_common_attributes", False):
-            raise ValueError(
-                f"encryption is on, but the data converter's failure converter {failures.__name__} leaves "
-                "failure messages in plain text: use DefaultFailureConverterWithEncodedAttributes (or a "
-                "subclass of DefaultFailureConverter created with encode_common_attributes=True)"
-            )
-    if all(getattr(base, name) is value for name, value in changes.items()):
-        return base
-    return dataclasses.replace(base, **changes)
+def deployment_config(version: WorkerDeploymentVersion) -> WorkerDeploymentConfig:
+    """A worker's ``deployment_config`` for ``version``: versioned polling, runs pinned by default.
+
+    The behaviour is the worker's default rather than ``@workflow.defn(versioning_behavior=...)`` on
+    ``S3BatchWorkflow``: an unversioned worker fails every workflow task of a workflow type that names
+    one ("versioning behavior cannot be specified without deployment options"), and a plain ``python
+    worker.py`` must go on working. A worker of yours given its own ``deployment_config`` must give
+    ``default_versioning_behavior=PINNED`` (or its own choice) for ``S3BatchWorkflow`` too."""
+    return WorkerDeploymentConfig(
+        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
 
 
 def _keyring(encryption_key: bytes | Sequence[bytes] | None) -> list[bytes]:
@@ -144,7 +128,7 @@ class S3BatchPlugin(SimplePlugin):
         self._keys = _keyring(encryption_key)
         """The keyring (first = current), ``[]`` without encryption: the activities hash
         ``S3BatchSource`` with it."""
-        self.codec = EncryptionCodec(self._keys, strict=not allow_plaintext) if self._keys else None
+        self.codec = encryption_codec(self._keys, allow_plaintext=allow_plaintext)
         """The encryption codec, or None when encryption is off."""
         self.register_search_attributes = register_search_attributes
         self.heartbeat_throttle = heartbeat_throttle
@@ -191,7 +175,7 @@ class S3BatchPlugin(SimplePlugin):
         return self._activities
 
     def _data_converter(self, existing: DataConverter | None) -> DataConverter:
-        return _converter(existing, self.codec)
+        return data_converter(existing, self.codec)
 
     def _add_workflows(self, existing: Sequence[type] | None) -> list[type]:
         # Imported here, with the activities: a client given the plugin (s3batch status) needs only the data

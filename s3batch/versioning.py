@@ -25,8 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
-from temporalio.worker import WorkerDeploymentConfig
+from temporalio.common import WorkerDeploymentVersion
 
 from s3batch import DEFAULT_DEPLOYMENT_NAME as DEFAULT_DEPLOYMENT_NAME  # re-exported: where it was
 from s3batch import __version__
@@ -89,19 +88,6 @@ def check_version(version: WorkerDeploymentVersion) -> None:
     for what, value in (("deployment name", version.deployment_name), ("build ID", version.build_id)):
         if len(value) > MAX_LENGTH:
             raise ValueError(f"the {what} is {len(value)} characters long: at most {MAX_LENGTH}")
-
-
-def deployment_config(version: WorkerDeploymentVersion) -> WorkerDeploymentConfig:
-    """A worker's ``deployment_config`` for ``version``: versioned polling, runs pinned by default.
-
-    The behaviour is the worker's default rather than ``@workflow.defn(versioning_behavior=...)`` on
-    ``S3BatchWorkflow``: an unversioned worker fails every workflow task of a workflow type that names
-    one ("versioning behavior cannot be specified without deployment options"), and a plain ``python
-    worker.py`` must go on working. A worker of yours given its own ``deployment_config`` must give
-    ``default_versioning_behavior=PINNED`` (or its own choice) for ``S3BatchWorkflow`` too."""
-    return WorkerDeploymentConfig(
-        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
-    )
 
 
 def describe(version: WorkerDeploymentVersion | None) -> str:

@@ -20,8 +20,8 @@ from temporalio.worker import Worker
 
 from s3batch.after_success import COPY_OF_METADATA
 from s3batch.cli import build_parser, run
-from s3batch.cli.jobs import job_from_args
 from s3batch.cli.render import totals_lines
+from s3batch.cli.start import job_from_args
 from s3batch.client import prepare_redrive
 from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack, ensure_buckets

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from s3batch.cli import build_parser
-from s3batch.cli.jobs import job_from_args
 from s3batch.cli.output import CliError
+from s3batch.cli.start import job_from_args
 
 BASE = ["start", "--bucket", "incoming", "--output-bucket", "processed"]
 

@@ -31,10 +31,11 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
+from s3batch.file_output import FileOutput
 from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.fastcsv import FastCsvParser

@@ -41,10 +41,11 @@ from temporalio.worker import Worker
 
 from s3batch.codec import PLAINTEXT_REFUSED, UNKNOWN_KEY, EncryptionCodec, key_id
 from s3batch.codec_server import CodecServer, ServerConfig
+from s3batch.converter import data_converter
 from s3batch.dev.stack import Stack, StackConfig
 from s3batch.messages import S3BatchResult
 from s3batch.models import S3BatchInput
-from s3batch.plugin import S3BatchPlugin, _converter
+from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
 from scripts.ui_screenshot import chromium
 from tests.helpers import BIN
@@ -89,17 +90,17 @@ def failures(events: list[Any]) -> list[Any]:
 
 
 def test_the_failure_converter_encodes_messages_only_with_a_key() -> None:
-    assert _converter(None, None).failure_converter_class is DefaultFailureConverter
+    assert data_converter(None, None).failure_converter_class is DefaultFailureConverter
     codec = S3BatchPlugin(encryption_key=KEY).codec
-    assert _converter(None, codec).failure_converter_class is DefaultFailureConverterWithEncodedAttributes
+    assert data_converter(None, codec).failure_converter_class is DefaultFailureConverterWithEncodedAttributes
 
     class Custom(DefaultFailureConverter):
         pass
 
     # A failure converter of the user's that would leave messages in plain text is refused, not kept.
     with pytest.raises(ValueError, match="leaves failure messages in plain text"):
-        _converter(DataConverter(failure_converter_class=Custom), codec)
-    assert _converter(DataConverter(failure_converter_class=Custom), None).failure_converter_class is Custom
+        data_converter(DataConverter(failure_converter_class=Custom), codec)
+    assert data_converter(DataConverter(failure_converter_class=Custom), None).failure_converter_class is Custom
 
 
 async def test_failed_files_and_jobs_reach_the_server_encrypted(

@@ -22,7 +22,7 @@ from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
-from s3batch import checkpoint, layout
+from s3batch import checkpoint, file_output, layout
 from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, record_handler, register
@@ -969,15 +969,15 @@ def test_cancel_after_a_files_final_part_reports_it_succeeded(
     a = upload(s3, src, "g/a.jsonl", make_jsonl(5)[0])
     b = upload(s3, src, "g/b.jsonl", make_jsonl(5)[0])
     env = ActivityEnvironment()
-    commit = checkpoint.FileOutput.commit
+    commit = file_output.FileOutput.commit
 
-    def cancel_at_end_of_a(output: checkpoint.FileOutput, cp: Checkpoint, new: Checkpoint, *args: Any) -> Checkpoint:
+    def cancel_at_end_of_a(output: file_output.FileOutput, cp: Checkpoint, new: Checkpoint, *args: Any) -> Checkpoint:
         committed = commit(output, cp, new, *args)
         if output.key == a.key and new.done:  # a file's final checkpoint is not heartbeated in a group
             env.cancel()
         return committed
 
-    monkeypatch.setattr(checkpoint.FileOutput, "commit", cancel_at_end_of_a)
+    monkeypatch.setattr(file_output.FileOutput, "commit", cancel_at_end_of_a)
     results = env.run(S3Activities(s3).process_group, group_input(buckets, [a, b]))
     assert [(r.key, r.status, r.records) for r in results] == [
         ("g/a.jsonl", "succeeded", 5),

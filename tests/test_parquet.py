@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 
 from s3batch.dev.faultproxy import FaultProxy
 from s3batch.dev.workers import WorkerProcess
-from s3batch.formats import resolve_format
+from s3batch.formats.keys import resolve_format
 from s3batch.formats.parquet import json_values
 from s3batch.jsonvalues import encode_json
 from s3batch.models import S3BatchInput

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from s3batch.errors import UnknownFormatError
-from s3batch.formats import make_parser, resolve_format
 from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser, read_csv_header
 from s3batch.formats.jsonl import JsonlParser
+from s3batch.formats.keys import resolve_format
+from s3batch.formats.parsers import make_parser
 from s3batch.handlers import get_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.reading import Reading

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from s3batch.formats import make_parser as _make_parser
 from s3batch.formats.common import Record
 from s3batch.formats.csv import CsvParser
 from s3batch.formats.fastcsv import FastCsvParser
 from s3batch.formats.jsonl import JsonlParser
+from s3batch.formats.parsers import make_parser as _make_parser
 from s3batch.jsonvalues import _encode_slow, encode_json, inexact_positions, loads_exact, numbers_as_written
 from tests.helpers.records import chunked, line_ends, walk
 

@@ -33,7 +33,8 @@ from s3batch.handlers import record_handler
 from s3batch.messages import FileResult, FinalReportInput, ObjectRef, ProcessFileInput, S3BatchResult, Totals
 from s3batch.models import JobSpec, S3BatchInput
 from s3batch.plugin import S3BatchPlugin
-from s3batch.report import JobReport, ReportFile, assemble_report
+from s3batch.report import JobReport, ReportFile
+from s3batch.report_store import assemble_report
 from s3batch.s3io import make_client
 from tests.helpers import run, wait_for
 from tests.helpers.jobs import new_id

@@ -1,5 +1,5 @@
 """The report of a big job: written from the segments of its runs with memory bounded whatever the
-number of files (``s3batch.report.final_report`` and ``put_report``), complete and exact, its books
+number of files (``s3batch.report_store.final_report`` and ``put_report``), complete and exact, its books
 still checked, and read by ``s3batch report`` and redrive as before (same format, same bytes)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from s3batch.client import prepare_redrive
 from s3batch.errors import ACCOUNTING_ERROR, S3Error
 from s3batch.messages import FileResult, FinalReportInput, ListObjectsInput, ListObjectsResult, ReasonCount, Totals
 from s3batch.models import JobSpec, S3BatchInput
-from s3batch.report import final_report, parse_report, put_report, segment_body
+from s3batch.report import parse_report
+from s3batch.report_store import final_report, put_report, segment_body
 from s3batch.s3io import make_client
 from tests.helpers import run
 from tests.helpers.jobs import new_id

@@ -29,13 +29,14 @@ from temporalio.worker import Worker
 import tests.fault_handlers  # registers explode_until_fixed for in-process workers
 import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-process workers
 from s3batch import client as api
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.cli.render import print_report, report_destination
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
 from s3batch.errors import SinkError, SinkInvalid
+from s3batch.file_output import FileOutput
 from s3batch.jsonvalues import encode_json
 from s3batch.messages import FileResult, ObjectRef, ProcessFileInput, Totals
 from s3batch.models import S3BatchInput

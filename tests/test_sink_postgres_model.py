@@ -74,10 +74,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
+from s3batch.file_output import FileOutput
 from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.messages import FileResult, ObjectRef, ProcessFileInput

@@ -31,11 +31,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.errors import SinkInvalid, describe_failure
+from s3batch.file_output import FileOutput
 from s3batch.handlers import record_handler
 from s3batch.jsonvalues import encode_json
 from s3batch.messages import JobState, ObjectRef, ProcessFileInput, SplitRange

@@ -17,11 +17,12 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.config import Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.errors import SinkInvalid
+from s3batch.file_output import FileOutput
 from s3batch.jsonvalues import encode_json
 from s3batch.models import S3BatchInput
 from s3batch.plugin import S3BatchPlugin

@@ -16,7 +16,8 @@ from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.errors import NON_RETRYABLE_TYPES, BadFile, S3Error, UnknownFormatError, WorkerShutdown, describe_failure
 from s3batch.messages import FileResult, FinalReportInput, Totals
 from s3batch.models import JobSpec
-from s3batch.report import JobReport, assemble_report, find_report, parse_report, read_report, redrive_plan
+from s3batch.report import JobReport, parse_report, redrive_plan
+from s3batch.report_store import assemble_report, find_report, read_report
 
 # ---------------------------------------------------------------------------------------- errors
 

@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
 
     from s3batch import layout
     from s3batch.errors import SPLIT_BOUNDARY, UnknownFormatError
-    from s3batch.formats import resolve_format
+    from s3batch.formats.keys import resolve_format
     from s3batch.messages import FileResult, JobState, ObjectRef, ReasonCount, SplitRange
     from s3batch.models import S3BatchInput
     from s3batch.rejects import (

@@ -31,11 +31,11 @@ found (no such job, not an s3batch job, no report yet); 7 Temporal or S3 unreach
 
 The commands are thin: what they do to a job is :mod:`s3batch.client` (usable from Python), what
 they print is here. :mod:`s3batch.cli.parser` is the command line itself (commands, flags, help: it
-imports nothing heavy, so ``--help`` answers at once); :mod:`s3batch.cli.jobs` runs ``start``,
-``status``, ``report``, ``redrive`` and ``list``; :mod:`s3batch.cli.control` ``pause``, ``resume``,
-``set-concurrency`` and ``cancel``; :mod:`s3batch.cli.watch` the live view; :mod:`s3batch.cli.render`
-the tables and the progress bar; :mod:`s3batch.cli.output` the consoles, errors and exit codes. A
-command's module is imported only when the command runs.
+imports nothing heavy, so ``--help`` answers at once); :mod:`s3batch.cli.start` runs ``start`` and
+``redrive``; :mod:`s3batch.cli.jobs` ``status``, ``report`` and ``list``; :mod:`s3batch.cli.control`
+``pause``, ``resume``, ``set-concurrency`` and ``cancel``; :mod:`s3batch.cli.watch` the live view;
+:mod:`s3batch.cli.render` the tables and the progress bar; :mod:`s3batch.cli.output` the consoles, errors
+and exit codes. A command's module is imported only when the command runs.
 """
 
 from __future__ import annotations

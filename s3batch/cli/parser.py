@@ -122,7 +122,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per :class:`S3BatchInput` field, so the command cannot drift from the model.
 
     Flags are plain strings left out of the namespace unless given: the model converts and
-    validates them, and supplies its own defaults (``s3batch.cli.jobs.job_from_args``).
+    validates them, and supplies its own defaults (``s3batch.cli.start.job_from_args``).
     """
     group = parser.add_argument_group("job input (the fields of S3BatchInput)")
     for name, info in S3BatchInput.model_fields.items():
@@ -206,7 +206,7 @@ def add_start(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="start nothing: list the files the job would process and what --after-success would do to each",
     )
-    _runs(start, "jobs:cmd_start")
+    _runs(start, "start:cmd_start")
 
 
 def add_status(commands: argparse._SubParsersAction) -> None:
@@ -247,7 +247,7 @@ def add_redrive(commands: argparse._SubParsersAction) -> None:
     redrive.add_argument("--task-queue", help="task queue of the workers (default: the finished job's)")
     redrive.add_argument("--wait", action="store_true", help="follow the new job with a progress bar until it ends")
     _json_flag(redrive)
-    _runs(redrive, "jobs:cmd_redrive")
+    _runs(redrive, "start:cmd_redrive")
 
 
 def add_list(commands: argparse._SubParsersAction) -> None:

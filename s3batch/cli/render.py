@@ -255,6 +255,15 @@ async def follow(client: Client, workflow_id: str) -> tuple[api.Outcome, api.Sto
     return api.Outcome(result, error), stored
 
 
+async def outcome_report(client: Client, view: api.JobView) -> api.StoredReport | None:
+    """The report the summary of an ended job needs (:func:`print_outcome`): a job without a result (failed,
+    cancelled...) its counts, a job with a sink where its records went. None for the others: their result says
+    it all, and S3 is not read."""
+    if view.result is not None and (await api.job_input(client, view.workflow_id)).sink is None:
+        return None
+    return await api.ended_report(client, view.workflow_id)
+
+
 def sink_destination(report: JobReport) -> str | None:
     """Where a reported job with a ``sink`` sent its records (None: the default JSONL parts, or no sink)."""
     return report_destination(report) if report.input.get("sink") else None

@@ -9,8 +9,8 @@ import re
 
 from pydantic import ValidationError
 
-from s3batch.cli.jobs import invalid_input, job_from_args
 from s3batch.cli.output import EXIT_BAD_INPUT, EXIT_OK, CliError, out, print_json, safe_line
+from s3batch.cli.start import invalid_input, job_from_args
 from s3batch.client import connect
 from s3batch.client import schedules as api
 from s3batch.logs import printable

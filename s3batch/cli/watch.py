@@ -30,6 +30,7 @@ from s3batch.cli.render import (
     attempt,
     file_label,
     no_worker_line,
+    outcome_report,
     percent,
     print_outcome,
     state_line,
@@ -250,6 +251,6 @@ async def cmd_watch(args: argparse.Namespace) -> int:
     if view.status == "running":
         view = await _live(client, view, args.interval, cache)
     out.print(safe_line((view.workflow_id, "bold"), f": {view.status}"))
-    print_outcome(view.result, view.error, await api.ended_report(client, view.workflow_id))
+    print_outcome(view.result, view.error, await outcome_report(client, view))
     out.print(safe_line(f"  Web UI   {view.ui_url}"))
     return job_exit(view.status)

@@ -30,10 +30,10 @@ from s3batch.client.views import TASK_WAIT_SECONDS, JobSummary, JobView, Outcome
 from s3batch.codec import KeyringError
 from s3batch.config import Settings, connect_config, ui_base
 from s3batch.config import connect as connect_temporal
+from s3batch.converter import settings_converter
 from s3batch.errors import describe_failure
 from s3batch.messages import Progress, S3BatchResult
 from s3batch.models import S3BatchInput
-from s3batch.plugin import S3BatchPlugin
 
 QUERY_TIMEOUT = timedelta(seconds=5)
 POLLER_SEEN_WITHIN = timedelta(seconds=90)
@@ -72,19 +72,20 @@ def environment_keys() -> list[bytes]:
 
 
 async def connect() -> Client:
-    """A Temporal client with the :class:`~s3batch.plugin.S3BatchPlugin`, from the environment
-    (Temporal's own variables and profiles, as for the ``temporal`` CLI; see :mod:`s3batch.config`).
+    """A Temporal client with s3batch's data converter (:mod:`s3batch.converter`, the one
+    :class:`~s3batch.plugin.S3BatchPlugin` installs; encrypted with the ``S3BATCH_ENCRYPTION_*`` keyring), from the
+    environment (Temporal's own variables and profiles, as for the ``temporal`` CLI; see :mod:`s3batch.config`).
 
     Raises:
         InvalidRequest: The encryption settings are not usable.
         ConnectFailed: Temporal could not be reached.
     """
     try:
-        plugin = S3BatchPlugin.from_settings(Settings())
+        converter = settings_converter(Settings())
     except KeyringError as err:
         raise InvalidRequest(f"the encryption settings are not usable: {err}") from None
     try:
-        return await connect_temporal([plugin])
+        return await connect_temporal([], data_converter=converter)
     except (RuntimeError, RPCError, OSError) as err:
         target = connect_config()["target_host"]
         raise ConnectFailed(
@@ -324,7 +325,8 @@ async def describe(client: Client, workflow_id: str, objects_cache: ObjectsCache
         view.task_queue = desc.task_queue
         view.workers = await workers_polling(client, desc.task_queue)
         view.task_wait = task_wait(desc)
-        view.progress = await progress(client, workflow_id)
+        # With no worker the query could only wait for its timeout (5 s of every `s3batch status`) to get None.
+        view.progress = await progress(client, workflow_id) if view.workers else None
         view.in_flight = await in_flight_files(client, workflow_id, desc.run_id, desc.raw_description, objects_cache)
     else:
         view.result, view.error = await outcome(client, workflow_id)

@@ -1,19 +1,26 @@
-"""A job's input and its report on S3."""
+"""A job's input and its report on S3.
+
+The S3 client (boto3) and :mod:`s3batch.report_store` are imported by the functions that read or copy a report,
+not with this module: they cost about a quarter of a second to import, and most commands read no report
+(``s3batch status`` of a running or succeeded job, ``list``, ``pause``...).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 
 from s3batch import layout
-from s3batch import report as stored_report
 from s3batch.client.errors import ClientError, ReportNotFound
 from s3batch.client.jobs import describe_run
 from s3batch.client.views import StoredReport
 from s3batch.errors import S3BatchError
 from s3batch.models import S3BatchInput
-from s3batch.s3io import make_client
+
+if TYPE_CHECKING:
+    from s3batch.s3io import S3Client
 
 
 async def job_input(client: Client, workflow_id: str) -> S3BatchInput:
@@ -32,15 +39,23 @@ async def job_input(client: Client, workflow_id: str) -> S3BatchInput:
     raise ClientError(f"the history of job {workflow_id!r} has no start event")
 
 
+def _s3() -> S3Client:
+    from s3batch.s3io import make_client  # see the module's docstring
+
+    return make_client()
+
+
 def _read_report(bucket: str, key: str) -> StoredReport | None:
-    found = stored_report.find_report(make_client(), bucket, key)
+    from s3batch.report_store import find_report  # see the module's docstring
+
+    found = find_report(_s3(), bucket, key)
     return None if found is None else StoredReport(bucket, key, *found)
 
 
 def copy_report(report: StoredReport, copy_key: str) -> None:
     """Copy ``report`` to ``copy_key`` next to it, if it is still the version read."""
     # Conditional on the ETag read: the copy is the very report whose failed files were counted.
-    make_client().copy_object(
+    _s3().copy_object(
         Bucket=report.bucket,
         Key=copy_key,
         CopySource={"Bucket": report.bucket, "Key": report.key},
@@ -53,7 +68,7 @@ async def find_report(job: S3BatchInput) -> StoredReport | None:
 
     Raises:
         S3BatchError: S3 refused the read, or the object there is not a job report
-            (see :func:`s3batch.report.find_report`).
+            (see :func:`s3batch.report_store.find_report`).
     """
     return await asyncio.to_thread(_read_report, job.output_bucket, layout.report_key(job.output_prefix))
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from s3batch.checkpoint import Checkpoint
-from s3batch.formats.compression import split_suffix
+from s3batch.formats.keys import split_suffix
 from s3batch.messages import Progress, S3BatchResult, SplitRange
 from s3batch.models import REDRIVE_STATUSES, S3BatchInput
 from s3batch.report import JobReport, ReportFile

@@ -14,14 +14,11 @@ import bz2
 import gzip
 import io
 import zlib
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import zstandard
 
-Compression = Literal["gzip", "zstd", "bzip2"]
-
-SUFFIXES: dict[str, Compression] = {".gz": "gzip", ".zst": "zstd", ".bz2": "bzip2"}
-"""Key suffix (lower-cased) -> compression."""
+from s3batch.formats.keys import SUFFIXES, Compression
 
 MAX_RATIO: dict[Compression, int] = {"gzip": 1032, "zstd": 32_768, "bzip2": 50_000_000}
 """At most how many times larger the decompressed bytes are (deflate ~1,032; zstd: a 4-byte block
@@ -43,15 +40,6 @@ class CorruptCompressed(Exception):
         super().__init__(what)
         self.compression = compression
         self.what = what
-
-
-def split_suffix(key: str) -> tuple[str, Compression | None]:
-    """``(key without its compression suffix, compression)``; the key is lower-cased."""
-    lowered = key.lower()
-    for suffix, name in SUFFIXES.items():
-        if lowered.endswith(suffix):
-            return lowered[: -len(suffix)], name
-    return lowered, None
 
 
 def open_decompressed(raw: IO[bytes], compression: Compression) -> IO[bytes]:

@@ -16,13 +16,14 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, cast
 
 from s3batch.errors import BadFile, InvalidInput
-from s3batch.formats import Parser, make_parser
 from s3batch.formats.common import ParsedFormat, Record
-from s3batch.formats.compression import Compression, CorruptCompressed, advice, open_decompressed
+from s3batch.formats.compression import CorruptCompressed, advice, open_decompressed
 from s3batch.formats.csv import DEFAULT_READING, read_csv_header
 from s3batch.formats.fastcsv import fast_reading
 from s3batch.formats.json import SNIFF, BadDocument
+from s3batch.formats.keys import Compression
 from s3batch.formats.parquet import ParquetParser, PinnedFile
+from s3batch.formats.parsers import Parser, make_parser
 from s3batch.formats.readahead import ReadAhead
 from s3batch.formats.transcode import utf16_byte_order
 from s3batch.reading import READ_OPTIONS, Reading

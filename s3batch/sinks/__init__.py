@@ -3,7 +3,7 @@
 One interface (:class:`Sink`): open for a file (:func:`open_sink`), find the committed checkpoint to
 resume from (``resume_point``), write a chunk with its checkpoint atomically (``commit``), and, once
 the file is done, name the earlier output to remove (``stale``). The default sink is the S3 JSONL
-parts of :class:`s3batch.checkpoint.FileOutput` (layout and bytes as before sinks existed); the job
+parts of :class:`s3batch.file_output.FileOutput` (layout and bytes as before sinks existed); the job
 input's ``sink`` (:mod:`s3batch.sinks.spec`) picks another: Parquet parts, or a PostgreSQL table
 (:mod:`s3batch.sinks.postgres`, imported only by jobs that use it).
 """
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 from s3batch.sinks.spec import PostgresSink, S3Sink
 
 if TYPE_CHECKING:
-    from s3batch.checkpoint import Checkpoint, FileOutput
+    from s3batch.checkpoint import Checkpoint
+    from s3batch.file_output import FileOutput
     from s3batch.sinks.postgres_pools import PostgresPools
 
 After = Callable[[], bool]

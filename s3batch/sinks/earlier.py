@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from botocore.exceptions import BotoCoreError, ClientError
 
 from s3batch import layout
-from s3batch.checkpoint import FileOutput
+from s3batch.file_output import FileOutput
 from s3batch.s3io import is_missing_object, raise_s3_error
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from s3batch import layout
-from s3batch.checkpoint import FileOutput
+from s3batch.file_output import FileOutput
 from s3batch.jsonvalues import encode_json
 from s3batch.sinks.rows import decoded, field_names
 

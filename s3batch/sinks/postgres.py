@@ -46,8 +46,9 @@ from psycopg import sql
 from psycopg_pool import PoolTimeout
 
 from s3batch import layout
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
 from s3batch.errors import SinkError, SinkInvalid
+from s3batch.file_output import FileOutput
 from s3batch.jsonvalues import encode_json
 from s3batch.rejects import merge, reason_key
 from s3batch.sinks import After

@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from s3batch.checkpoint import Checkpoint, FileOutput
+from s3batch.checkpoint import Checkpoint
+from s3batch.file_output import FileOutput
 from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_context, chunk_handler
 

@@ -1,6 +1,6 @@
 """The report's books checked from outside (the tests' oracle): every listed key in the report once, the
 per-status counts equal to the totals, the keys' digest equal to the listing's (``s3batch.accounting``).
-The job checks the same of itself while it writes the report (``s3batch.report``), with bounded memory."""
+The job checks the same of itself while it writes the report (``s3batch.report_store``), with bounded memory."""
 
 from __future__ import annotations
 
