@@ -81,3 +81,19 @@ def test_the_generated_sections_are_filled(name: str) -> None:
         assert "#### `FileResult`" in text and "| `resumed_from_record` |" in text and "| `next_record` |" in text
     else:
         assert "| `s3batch_checkpoint_age_seconds` | histogram | s |" in text
+
+
+def test_the_workflow_section_is_read_from_its_temporal_definition() -> None:
+    # Before, a hand-written table: a query or update added to the workflow would have been missing from it.
+    from temporalio import workflow
+
+    from s3batch.workflows.batch import S3BatchWorkflow
+
+    defn = workflow._Definition.must_from_class(S3BatchWorkflow)
+    text = page("python-api.md")
+    assert "<!-- generated:" not in text
+    for kind, names in (("query", defn.queries), ("update", defn.updates), ("signal", defn.signals)):
+        for name in names:
+            assert f"| {kind} | `{name}` |" in text, (kind, name)
+    assert "| run | `run` | `job`: The job, as an `S3BatchInput` or its JSON;" in text
+    assert "| update | `set_concurrency` | `n`: integer, 1-1,000" in text

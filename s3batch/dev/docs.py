@@ -341,6 +341,55 @@ def other_programs() -> str:
     return "\n\n".join(f"### `{name}`\n\n```text\n{_help_of(main, argv)}\n```" for name, main, argv in programs)
 
 
+def _args_of(doc: str) -> dict[str, str]:
+    """The ``Args:`` section of a Google-style docstring: each argument's text, by name."""
+    found: dict[str, str] = {}
+    lines = doc.split("Args:", 1)[1].splitlines() if "Args:" in doc else []
+    for line in lines[1:]:
+        if not line.strip():
+            break
+        name, _, text = line.strip().partition(":")
+        found[name] = text.strip()
+    return found
+
+
+def workflow_interface() -> str:
+    """What a client can do with ``S3BatchWorkflow``, read from its Temporal definition: its run, queries, updates
+    and signals, what each takes (annotations, or the docstring's ``Args`` where the annotation is ``Any``), returns
+    and does (the docstring's first paragraph), and the bounds its update validators check."""
+    import inspect
+
+    from temporalio import workflow
+
+    from s3batch.workflows.batch import MAX_CONCURRENCY, S3BatchWorkflow
+
+    defn = workflow._Definition.must_from_class(S3BatchWorkflow)
+    rows = ["| kind | name | takes | returns | what it does |", "|---|---|---|---|---|"]
+    entries: list[tuple[str, str, Callable[..., Any]]] = []
+    if defn.run_fn is not None:
+        entries.append(("run", "run", defn.run_fn))
+    entries += [("query", name, q.fn) for name, q in sorted(defn.queries.items()) if name]
+    entries += [("update", name, u.fn) for name, u in sorted(defn.updates.items()) if name]
+    entries += [("signal", name, sig.fn) for name, sig in sorted(defn.signals.items()) if name]
+    for kind, name, fn in entries:
+        doc = inspect.getdoc(fn) or ""
+        described = _args_of(doc)
+        hints = typing.get_type_hints(fn)
+        takes = []
+        for param in list(inspect.signature(fn).parameters.values())[1:]:
+            hint = hints.get(param.name, Any)
+            text = described.get(param.name, "") if hint is Any else type_name(hint)
+            takes.append(f"`{param.name}`: {table_text(text).rstrip('.')}" if text else f"`{param.name}`")
+        if name == "set_concurrency":
+            takes[-1] += f", 1-{MAX_CONCURRENCY:,} (checked before the update reaches the job's history)"
+        returned = hints.get("return")
+        rows.append(
+            f"| {kind} | `{name}` | {'; '.join(takes)} | {type_name(returned) if returned else ''} "
+            f"| {table_text(doc.split(chr(10) + chr(10), 1)[0])} |"
+        )
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "job-input": job_input,
     "report-models": report_models,
@@ -353,6 +402,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "metrics": metrics,
     "cli": cli,
     "other-programs": other_programs,
+    "workflow": workflow_interface,
 }
 """The generated sections, by the name their marker gives."""
 
