@@ -25,6 +25,10 @@
    written, 32 records in its part): the report understated its job's output. The report now reads a failed file's
    committed output back, as it does a cancelled one's (this run's files, and those of earlier runs in the report's
    segments).
+6. The redrive of a cancelled job reported a file in splits with 38,416 records written and 5,458 already written
+   (seed 1205, a file of 43,874 records): the split that had ended in the cancelled job counted as found done by an
+   earlier job, the others (resumed from their checkpoints) with their counts so far. A file is found done only when
+   every split is; otherwise all of its records count as written, as for a file resumed whole.
 """
 
 from __future__ import annotations
@@ -246,3 +250,29 @@ async def test_a_file_that_failed_after_committing_parts_reports_them(
     assert f0["records_written"] == written >= 300, (f0, written)  # before: 0
     assert f0["records"] == written and f0["chunks"] == written // 100
     assert report["totals"]["records_written"] == written + 10
+
+
+def _split(index: int, written: int, already: int | None) -> FileResult:
+    counts = written if already is None else already
+    return FileResult(key="big.csv", etag="e", status="succeeded", records=counts, records_written=written,
+                      chunks=1, attempts=1, already_written=already)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("splits", "written", "already"),
+    [
+        ([(0, 5_458), (19_000, None), (19_416, None)], 43_874, None),  # some found done: all written (a redrive)
+        ([(0, 5_458), (0, 19_000)], 0, 24_458),  # every split found done: the file was
+        ([(5_458, None), (19_000, None)], 24_458, None),  # none: as before
+    ],
+)
+def test_a_file_in_splits_is_found_done_only_when_every_split_is(
+    splits: list[tuple[int, int | None]], written: int, already: int | None
+) -> None:
+    from s3batch.workflows.splits import merged
+
+    spec = S3BatchInput(bucket="src", output_bucket="out", split_bytes=64 * 1024)
+    results = [_split(i, w, a) for i, (w, a) in enumerate(splits)]
+    result = merged(spec, ObjectRef(key="big.csv", etag="e", size=200_000), results)
+    assert (result.records_written, result.already_written) == (written, already)
+    assert result.records == sum(r.records for r in results) == result.records_written + (result.already_written or 0)
