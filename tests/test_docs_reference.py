@@ -85,9 +85,8 @@ def test_the_generated_sections_are_filled(name: str) -> None:
 
 def test_the_workflow_section_is_read_from_its_temporal_definition() -> None:
     # Before, a hand-written table: a query or update added to the workflow would have been missing from it.
-    from temporalio import workflow
-
     from s3batch.workflows.batch import S3BatchWorkflow
+    from temporalio import workflow
 
     defn = workflow._Definition.must_from_class(S3BatchWorkflow)
     text = page("python-api.md")
