@@ -188,6 +188,10 @@ def test_data_requests_carry_the_expected_bucket_owner_and_the_conditions(monkey
     server = _recording_server(seen)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_port}")
+        # Keys of its own: without them the test depended on another test's stack having set them (and failed in
+        # make test-quick, which starts none).
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIATESTOWNERKEY0000")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-owner-secret")
         stores = data_stores(make_client(expected_bucket_owner="123456789012"))
         assert stores is not None
         with pytest.raises(NotFound):
