@@ -195,8 +195,7 @@ def _split_parts(
     for split in range(f.splits):
         cp = last_committed(s3, bucket, output_prefix, f.key, f.etag, secret, split)
         if cp is not None:
-            values = (cp.next_record, cp.records_written, cp.rejected, cp.dropped, cp.chunk)
-            for name, value in zip(_COUNTS, values, strict=True):
+            for name, value in zip(_COUNTS, _counts(cp), strict=True):
                 sums[name] += value
     if all(sums[name] <= getattr(f, name) for name in _COUNTS):
         return f  # the splits' own results said as much
