@@ -258,7 +258,10 @@ class ReasonCount(_Model):
 
 
 _REJECT_FIELDS = frozenset(
-    {"reject_ratio", "reject_reasons", "warnings", "splits", "already_written", "version_id", "after_success"}
+    {
+        "reject_ratio", "reject_reasons", "warnings", "splits", "already_written", "version_id", "after_success",
+        "split_void",
+    }
 )
 
 
@@ -299,6 +302,10 @@ class FileResult(_Model):
     after_success: Outcome | None = None
     """What the job's ``after_success`` did to the file (None: nothing was to be done: no such option, or the
     file did not succeed)."""
+    split_void: bool | None = None
+    """The file could not be split (a quoted line break at a split boundary: a split began inside a record) and
+    its job stopped before it was processed whole: what its splits wrote is void, removed when the report is
+    written; only what it wrote whole counts (None: not so). A redrive processes it whole."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -29,6 +29,17 @@
    (seed 1205, a file of 43,874 records): the split that had ended in the cancelled job counted as found done by an
    earlier job, the others (resumed from their checkpoints) with their counts so far. A file is found done only when
    every split is; otherwise all of its records count as written, as for a file resumed whole.
+7. A big CSV in splits, one of which began inside a quoted record (a line break in a field at its boundary), in a
+   job cancelled while its splits ran (seed 67, the 2-minute soak in CI): the file was reported ``failed`` with
+   its splits' output counted, a fragment of a record rejected among it (line 6123, 2 fields) and records read
+   two ways (the 60-minute soak, seed 60512: records written twice). Not a failure of the file: it is now
+   ``cancelled``, ``split_void``, and what its splits wrote is removed with the report (a redrive processes it
+   whole). A file put back to run whole after its splits failed at a boundary and stopped there is so too.
+8. A cancelled file's rejects files held more rejects than its report counted (seed 1205: 16 against 11 in a
+   table import; 1 against 0 in S3 parts): the rejects file of a chunk is written before the chunk commits (in
+   the table's transaction, before the part that commits it), and an attempt cut short between the two left it.
+   The report now removes what lies past a stopped file's committed checkpoint, so its folder holds exactly
+   what its entry counts.
 """
 
 from __future__ import annotations
@@ -52,8 +63,11 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from s3batch import client as api
+from s3batch import layout
+from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
+from s3batch.errors import SPLIT_BOUNDARY
 from s3batch.messages import (
     FileResult,
     FinalReportInput,
@@ -63,6 +77,7 @@ from s3batch.messages import (
     ObjectRef,
     ProcessFileInput,
     ProcessGroupInput,
+    Totals,
 )
 from s3batch.models import JobSpec, S3BatchInput
 from tests.helpers import wait_for
@@ -276,3 +291,94 @@ def test_a_file_in_splits_is_found_done_only_when_every_split_is(
     result = merged(spec, ObjectRef(key="big.csv", etag="e", size=200_000), results)
     assert (result.records_written, result.already_written) == (written, already)
     assert result.records == sum(r.records for r in results) == result.records_written + (result.already_written or 0)
+
+
+class SplitCutAtABoundary(CutShort):
+    """A file in splits whose split 0 finds, once the cancel of its job has reached it, that its last record runs
+    past its end (``SplitBoundary``: split 1 began inside a quoted record), as the soak's seed 67 made it."""
+
+    @activity.defn(name="s3batch.process_file")
+    async def process_file(self, req: ProcessFileInput) -> FileResult:
+        if req.split is None or req.split.index != 0:
+            return await self._run_until_cancelled()  # type: ignore[no-any-return]
+        self.running += 1
+        try:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            raise ApplicationError("SplitBoundary: a record crosses the boundary", {SPLIT_BOUNDARY: True},
+                                   type="SplitBoundary", non_retryable=True) from None
+
+
+async def test_a_file_that_could_not_be_split_in_a_cancelled_job_is_cancelled_and_its_split_output_void(
+    stack: Stack, task_queue: str
+) -> None:
+    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
+    stubs = SplitCutAtABoundary("fails", {"big.csv": 200_000})
+    job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
+           "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
+    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
+                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
+        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("void"), task_queue=task_queue)
+        await wait_for(lambda: stubs.running == 2, 30, "2 splits running")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+    assert stubs.report is not None
+    [entry] = stubs.report.files
+    # Before: failed (SplitBoundary), its splits' output counted.
+    assert (entry.status, entry.split_void) == ("cancelled", True), entry
+    assert "processes it whole" in (entry.error or "")
+    assert stubs.report.totals.files_cancelled == 1 and stubs.report.totals.files_failed == 0
+
+
+def _checkpointed(s3: Any, bucket: str, key: str, cp: Checkpoint, body: bytes = b"{}\n") -> None:
+    s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={CHECKPOINT_METADATA: cp.model_dump_json()})
+
+
+def test_a_stopped_files_folder_is_pruned_to_what_it_committed(s3: Any, buckets: tuple[str, str]) -> None:
+    from s3batch.activities.committed import fill_cancelled
+
+    _, out = buckets
+    fp = "f" * 16
+
+    def cp(chunk: int, records: int, rejected: int) -> Checkpoint:
+        return Checkpoint(etag="e1", fingerprint=fp, chunk=chunk, next_record=records,
+                          records_written=records - rejected, rejected=rejected)
+
+    # a.csv: parts 0-1 and the rejects of chunk 1 committed; the rejects of chunk 2 (its part never written) and a
+    # part after the gap are not.
+    a = layout.file_dir("o/", "a.csv")
+    _checkpointed(s3, out, a + layout.part_name(0), cp(1, 10, 0))
+    _checkpointed(s3, out, a + layout.part_name(1), cp(2, 20, 1))
+    _checkpointed(s3, out, a + layout.rejects_name(1), cp(2, 20, 1))
+    _checkpointed(s3, out, a + layout.rejects_name(2), cp(3, 30, 3))
+    _checkpointed(s3, out, a + layout.part_name(4), cp(5, 50, 3))
+    # b.csv: split_void: its splits' parts and rejects go; the part it wrote whole since stays, and counts.
+    b = layout.file_dir("o/", "b.csv")
+    _checkpointed(s3, out, b + layout.part_name(0, split=0), cp(1, 10, 0))
+    _checkpointed(s3, out, b + layout.part_name(0, split=1), cp(1, 10, 1))
+    _checkpointed(s3, out, b + layout.rejects_name(0, split=1), cp(1, 10, 1))
+    _checkpointed(s3, out, b + layout.part_name(0), cp(1, 7, 0))
+    # c.csv: a file that succeeded is left as it is.
+    c = layout.file_dir("o/", "c.csv")
+    _checkpointed(s3, out, c + layout.rejects_name(9), cp(10, 10, 0))
+    files = [
+        FileResult(key="a.csv", etag="e1", status="cancelled"),
+        FileResult(key="b.csv", etag="e1", status="cancelled", split_void=True),
+        FileResult(key="c.csv", etag="e1", status="succeeded", records=5, records_written=5, chunks=1),
+    ]
+    totals = Totals(files_listed=3, files_cancelled=2, files_succeeded=1, records=5, records_written=5)
+    filled, totals = fill_cancelled(s3, out, "o/", files, totals, None)
+
+    def names(folder: str) -> list[str]:
+        return sorted(o["Key"][len(folder):] for o in s3.list_objects_v2(Bucket=out, Prefix=folder).get("Contents", []))
+
+    assert names(a) == sorted([layout.part_name(0), layout.part_name(1), layout.rejects_name(1)])
+    assert names(b) == [layout.part_name(0)]
+    assert names(c) == [layout.rejects_name(9)]
+    got = {f.key: (f.records, f.records_written, f.rejected, f.chunks) for f in filled}
+    assert got == {"a.csv": (20, 19, 1, 2), "b.csv": (7, 7, 0, 1), "c.csv": (5, 5, 0, 1)}
+    assert (totals.records, totals.records_written, totals.rejected) == (32, 31, 1)

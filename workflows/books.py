@@ -80,6 +80,8 @@ class Books:
         if self.state.whole and result.key in self.state.whole:  # over split_bytes, but processed whole
             self.state.whole = [k for k in self.state.whole if k != result.key] or None
             result = result.model_copy(update={"warnings": [*(result.warnings or []), WHOLE_WARNING]})
+            if result.status in ("cancelled", "failed"):  # its splits' output, read wrong at a boundary, is void
+                result = result.model_copy(update={"split_void": True})
         totals = self.state.totals
         if result.status == "succeeded":
             totals.files_succeeded += 1
@@ -162,10 +164,13 @@ class Books:
 
     def close_pending(self) -> None:
         """Record the pending files of a stopped job: ``not_started``, but ``cancelled`` for a file an
-        earlier run handed over (it has committed output, whose counts the report reads back)."""
+        earlier run handed over (it has committed output, whose counts the report reads back) or whose splits
+        failed at a boundary (their output is void: ``split_void``, removed with the report)."""
         handed = self.state.handed_over or {}
+        whole = self.state.whole or ()  # put back to run whole after its splits failed: they wrote output
         for obj in self.state.pending:
-            self.record(cancelled_result(obj) if obj.key in handed else FileResult.not_started(obj.key, obj.etag))
+            started = obj.key in handed or obj.key in whole
+            self.record(cancelled_result(obj) if started else FileResult.not_started(obj.key, obj.etag))
         self.state.pending = []
 
     def _forget_hand_over(self, key: str) -> None:

@@ -204,7 +204,21 @@ def split_outcome(
     if cannot_split(error) and (handing_over or not stopped):  # a hand-over: the next run processes it whole
         process_whole(books.state, obj)
         return None
+    if cannot_split(error):
+        # Stopped (a cancel, max_rejected_total) before it could run whole: not a failure of the file. What its
+        # splits wrote is void (one began inside a record), removed with the report (before: ``failed``, its
+        # splits' output counted, a record read two ways among it; found by the soak, seed 67).
+        return [void_split(cancelled_result(obj))]
     return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
+
+
+def void_split(result: FileResult) -> FileResult:
+    """``result`` of a file that could not be split, stopped before it was processed whole: ``split_void``."""
+    error = (
+        f"{result.error}; it could not be split (a quoted line break at a split boundary), so what its splits "
+        "wrote is removed and a redrive processes it whole"
+    )
+    return result.model_copy(update={"split_void": True, "error": error})
 
 
 def process_whole(st: JobState, obj: ObjectRef) -> None:
