@@ -22,7 +22,7 @@ from temporalio import activity
 
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
-from s3batch.errors import TooManyRejects, WorkerShutdown
+from s3batch.errors import SilentAttempt, TooManyRejects, WorkerShutdown
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.fastcsv import FastCsvParser
@@ -95,6 +95,10 @@ class FileJob:
         self._index = index
         self._beat_at = -BEAT_INTERVAL
         self._last_commit = time.monotonic()
+        self._alive_at = self._last_commit
+        """When this attempt last told the server it is alive (its start, then each heartbeat call)."""
+        self._silent: float | None = None
+        """The first silence past the heartbeat timeout, in seconds (:meth:`_check_alive`)."""
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
         self.log_extra: dict[str, Any] = {"s3_key": req.obj.key}
@@ -375,10 +379,15 @@ class FileJob:
             self._check_rejects(done_cp)
 
         sink: Any = self.output
-        if csv_rows is not None or self.behind.threads > 1:  # a PostgresOutput (takes_csv, writes_at_once)
-            self.behind.write(lambda after: sink.commit(cp, new, output, rejects, lines, csv_rows, after), then)
-        else:
-            self.behind.write(lambda _: sink.commit(cp, new, output, rejects, lines), then)
+        at_once = csv_rows is not None or self.behind.threads > 1  # a PostgresOutput (takes_csv, writes_at_once)
+
+        def commit(after: Any) -> Checkpoint:
+            self._check_alive()
+            if at_once:
+                return sink.commit(cp, new, output, rejects, lines, csv_rows, after)
+            return sink.commit(cp, new, output, rejects, lines)
+
+        self.behind.write(commit, then)
         return committed[0] if committed else new
 
     def _close_behind(self, kind: object, error: BaseException | None, tb: object) -> None:
@@ -397,9 +406,42 @@ class FileJob:
         """
         now = time.monotonic()
         if force or now - self._beat_at >= BEAT_INTERVAL:
-            self._beat_at = now
+            self._note_silence(now)
+            self._beat_at = self._alive_at = now
             assert self.checkpoint is not None
             activity.heartbeat(*self._details().args())
+
+    def _last_beat(self) -> float:
+        """When this attempt last heartbeated (or started)."""
+        return max(self._alive_at, self._beat_at)
+
+    def _check_alive(self) -> None:
+        """Before a commit: an attempt silent for longer than its heartbeat timeout (its process frozen by SIGSTOP
+        or starved, say) may have been timed out by the server meanwhile, its file given to another attempt or its
+        job ended and reported; it stops rather than commit after the fact (a zombie's late part would make a
+        cancelled job's output hold more than its report says). The server's clock starts at the heartbeat it
+        received last, never later than the last call, so past the timeout since that call the lease is gone.
+
+        Raises:
+            SilentAttempt: Silent past the heartbeat timeout.
+        """
+        self._note_silence(time.monotonic())
+        if self._silent is not None:
+            timeout = self.info.heartbeat_timeout
+            assert timeout is not None
+            raise SilentAttempt(
+                f"{self.where}: this attempt was silent for {self._silent:.1f} s, past its heartbeat timeout "
+                f"({timeout.total_seconds():g} s): the server may have given the file to another attempt or ended "
+                "its job, so it stops before committing its next chunk; a retry resumes from the last committed one"
+            )
+
+    def _note_silence(self, now: float) -> None:
+        """Remember a silence past the heartbeat timeout since the last heartbeat: once, for good (a heartbeat
+        after it does not bring the lease back: another attempt may hold the file by then)."""
+        timeout = self.info.heartbeat_timeout
+        silent = now - self._last_beat()
+        if self._silent is None and timeout is not None and silent > timeout.total_seconds():
+            self._silent = silent
 
     def _details(self) -> HeartbeatDetails:
         """What :meth:`_beat` sends: the last committed checkpoint (and the file's place in its group)."""

@@ -142,6 +142,9 @@ class _GroupFile(FileJob):
         super()._beat(force=force and self.checkpoint is not None and not self.checkpoint.done)
         self._group_clock[0] = self._beat_at
 
+    def _last_beat(self) -> float:
+        return max(self._alive_at, self._group_clock[0])  # any file's heartbeat is the group activity's
+
 
 class _GroupRun:
     """The files of one group attempt, run on up to ``GROUP_THREADS`` threads; ``results[i]`` and

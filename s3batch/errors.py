@@ -163,6 +163,17 @@ class SinkError(S3BatchError):
     retryable = True
 
 
+class SilentAttempt(S3BatchError):
+    """An attempt was silent longer than its heartbeat timeout (its process frozen or starved), so the server may
+    have timed it out, given its file to another attempt, or ended its job meanwhile: it stops before its next
+    commit instead of writing after the fact. Nothing to do: when the server still runs it, a retry resumes from
+    the last committed checkpoint."""
+
+    type_name = "SilentAttempt"
+    retryable = True
+    retry_delay = datetime.timedelta(milliseconds=100)
+
+
 class WorkerShutdown(S3BatchError):
     """The worker is shutting down: the file continues on another worker from its checkpoint."""
 

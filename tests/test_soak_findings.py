@@ -40,6 +40,10 @@
    the table's transaction, before the part that commits it), and an attempt cut short between the two left it.
    The report now removes what lies past a stopped file's committed checkpoint, so its folder holds exactly
    what its entry counts.
+9. A worker frozen (SIGSTOP) past its heartbeat timeout while its job was cancelled wrote a part when it woke, after
+   the job had ended and its report counted the file's output (seed 67 in CI: the job ended 1.5 s before SIGCONT):
+   a cancelled job's output held more than its report. An attempt silent past its heartbeat timeout now stops
+   before its next commit (``SilentAttempt``, retryable): the server has timed it out by then.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from s3batch.checkpoint import CHECKPOINT_METADATA, Checkpoint
 from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.stack import Stack
 from s3batch.errors import SPLIT_BOUNDARY
+from s3batch.handlers import HandlerResult, register
 from s3batch.messages import (
     FileResult,
     FinalReportInput,
@@ -382,3 +387,40 @@ def test_a_stopped_files_folder_is_pruned_to_what_it_committed(s3: Any, buckets:
     got = {f.key: (f.records, f.records_written, f.rejected, f.chunks) for f in filled}
     assert got == {"a.csv": (20, 19, 1, 2), "b.csv": (7, 7, 0, 1), "c.csv": (5, 5, 0, 1)}
     assert (totals.records, totals.records_written, totals.rejected) == (32, 31, 1)
+
+
+class Freezing:
+    """A passthrough handler that, at record ``at``, stops the attempt's thread for ``seconds`` (no heartbeat
+    meanwhile: as a SIGSTOP of its worker does), then goes on."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        self.name, self.at, self.seconds = f"freezing-{new_id('h')}", at, seconds
+        self.seen = 0
+        register(self.name, self, replace=True)
+
+    def __call__(self, records: Any) -> HandlerResult:
+        if self.seen < self.at <= self.seen + len(records):
+            time.sleep(self.seconds)
+        self.seen += len(records)
+        return HandlerResult([r.value for r in records], [])
+
+
+def test_an_attempt_silent_past_its_heartbeat_timeout_commits_nothing_more(s3: Any, buckets: tuple[str, str]) -> None:
+    from s3batch.activities.s3_activities import S3Activities
+
+    src, out = buckets
+    body = make_csv(1_000)
+    s3.put_object(Bucket=src, Key="in/f.csv", Body=body)
+    head = s3.head_object(Bucket=src, Key="in/f.csv")
+    obj = ObjectRef(key="in/f.csv", etag=head["ETag"].strip('"'), size=head["ContentLength"])
+    frozen = Freezing(at=450, seconds=1.5)  # in the second chunk (records 301-600)
+    req = ProcessFileInput(job_id="job-z", bucket=src, obj=obj, output_bucket=out, output_prefix="o/",
+                           handler=frozen.name, chunk_records=300, format="auto", max_record_bytes=1 << 20)
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=1))
+    with pytest.raises(ApplicationError) as raised:
+        env.run(S3Activities(s3).process_file, req)
+    assert raised.value.type == "SilentAttempt", raised.value
+    assert "past its heartbeat timeout" in str(raised.value)
+    parts = [o["Key"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/in/f.csv/part-").get("Contents", [])]
+    assert len(parts) == 1, f"the frozen chunk was committed after the freeze: {parts}"  # before: 2 or more

@@ -153,9 +153,9 @@ async def test_a_new_version_takes_new_runs_while_running_ones_finish_on_theirs_
     await promote(client, deployment, "v1")
 
     # A: two files in flight together (3 s each), one run: it is running when v2 becomes current.
-    # B: six files, two at once, all in one run unless a new version moves it: a 4 s one (started
+    # B: six files, two at once, all in one run unless a new version moves it: an 8 s one (started
     # first, the biggest) beside five of 0.5 s one after the other.
-    sizes = {"a": [6_000] * 2, "b": [8_000] + [1_000] * 5, "c": [500] * 2, "d": [500] * 2}
+    sizes = {"a": [6_000] * 2, "b": [16_000] + [1_000] * 5, "c": [500] * 2, "d": [500] * 2}
     for job, rows in sizes.items():
         put_job_files(s3, src, job, rows)
     a = await start_job(client, task_queue, src, out, "a", max_concurrent_files=2)
