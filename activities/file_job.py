@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from s3batch.activities.file_setup import FileMetrics, check_key_length, chunk_paths, open_file_sink, read_as_begun
 from s3batch.activities.handling import HandlerRun
+from s3batch.activities.lease import Lease
 from s3batch.activities.rejected import RejectedLines, records_from
 from s3batch.activities.splits import open_split
 from s3batch.activities.taking import Chunk, take, take_packed
@@ -22,7 +23,7 @@ from temporalio import activity
 
 from s3batch.checkpoint import Checkpoint, HeartbeatDetails
 from s3batch.config import Settings
-from s3batch.errors import SilentAttempt, TooManyRejects, WorkerShutdown
+from s3batch.errors import TooManyRejects, WorkerShutdown
 from s3batch.formats.common import Record
 from s3batch.formats.compression import CorruptCompressed
 from s3batch.formats.fastcsv import FastCsvParser
@@ -70,6 +71,7 @@ class FileJob:
         index: Position of the file in its group; sent along with each heartbeat.
         fresh: Known to have no output yet (its group's output prefix is empty).
         pools: The worker's PostgreSQL pools (for a job whose ``sink`` is a table).
+        lease: The attempt's :class:`~s3batch.activities.lease.Lease` (a group's files share one).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class FileJob:
         *,
         fresh: bool = False,
         pools: PostgresPools | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.s3 = s3
         self.settings = settings
@@ -93,16 +96,12 @@ class FileJob:
         self._heartbeat_hint = heartbeat
         self._fresh = fresh
         self._index = index
-        self._beat_at = -BEAT_INTERVAL
         self._last_commit = time.monotonic()
-        self._alive_at = self._last_commit
-        """When this attempt last told the server it is alive (its start, then each heartbeat call)."""
-        self._silent: float | None = None
-        """The first silence past the heartbeat timeout, in seconds (:meth:`_check_alive`)."""
         self.obj = req.obj
         self.where = f"s3://{req.bucket}/{req.obj.key}"
         self.log_extra: dict[str, Any] = {"s3_key": req.obj.key}
         self.info = activity.info()
+        self.lease = lease or Lease(self.info.heartbeat_timeout)
         self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
         # Only a registered handler's name becomes a metrics label.
         self.metrics = FileMetrics(req.handler)
@@ -382,10 +381,8 @@ class FileJob:
         at_once = csv_rows is not None or self.behind.threads > 1  # a PostgresOutput (takes_csv, writes_at_once)
 
         def commit(after: Any) -> Checkpoint:
-            self._check_alive()
-            if at_once:
-                return sink.commit(cp, new, output, rejects, lines, csv_rows, after)
-            return sink.commit(cp, new, output, rejects, lines)
+            self.lease.check(self.where)  # silent past its heartbeat timeout: it commits nothing more
+            return sink.commit(cp, new, output, rejects, lines, *((csv_rows, after) if at_once else ()))
 
         self.behind.write(commit, then)
         return committed[0] if committed else new
@@ -398,50 +395,12 @@ class FileJob:
                 self._check_rejects(committed)  # over the limit again, with the counts of what is committed
 
     def _beat(self, *, force: bool = False) -> None:
-        """Heartbeat the last committed checkpoint: always when forced (a chunk just committed), else at
-        most every ``BEAT_INTERVAL`` seconds (liveness within a chunk, the start of a file).
-
-        Each call costs about 0.2 ms (a hand-over to the event loop) and the SDK sends at most one
-        per 0.8 x heartbeat timeout anyway.
-        """
-        now = time.monotonic()
-        if force or now - self._beat_at >= BEAT_INTERVAL:
-            self._note_silence(now)
-            self._beat_at = self._alive_at = now
+        """Heartbeat the last committed checkpoint: always when forced (a chunk just committed), else at most every
+        ``BEAT_INTERVAL`` seconds (liveness within a chunk, the start of a file). Each call costs about 0.2 ms (a
+        hand-over to the event loop); the SDK sends at most one per 0.8 x heartbeat timeout anyway."""
+        if self.lease.due(force, BEAT_INTERVAL):
             assert self.checkpoint is not None
             activity.heartbeat(*self._details().args())
-
-    def _last_beat(self) -> float:
-        """When this attempt last heartbeated (or started)."""
-        return max(self._alive_at, self._beat_at)
-
-    def _check_alive(self) -> None:
-        """Before a commit: an attempt silent for longer than its heartbeat timeout (its process frozen by SIGSTOP
-        or starved, say) may have been timed out by the server meanwhile, its file given to another attempt or its
-        job ended and reported; it stops rather than commit after the fact (a zombie's late part would make a
-        cancelled job's output hold more than its report says). The server's clock starts at the heartbeat it
-        received last, never later than the last call, so past the timeout since that call the lease is gone.
-
-        Raises:
-            SilentAttempt: Silent past the heartbeat timeout.
-        """
-        self._note_silence(time.monotonic())
-        if self._silent is not None:
-            timeout = self.info.heartbeat_timeout
-            assert timeout is not None
-            raise SilentAttempt(
-                f"{self.where}: this attempt was silent for {self._silent:.1f} s, past its heartbeat timeout "
-                f"({timeout.total_seconds():g} s): the server may have given the file to another attempt or ended "
-                "its job, so it stops before committing its next chunk; a retry resumes from the last committed one"
-            )
-
-    def _note_silence(self, now: float) -> None:
-        """Remember a silence past the heartbeat timeout since the last heartbeat: once, for good (a heartbeat
-        after it does not bring the lease back: another attempt may hold the file by then)."""
-        timeout = self.info.heartbeat_timeout
-        silent = now - self._last_beat()
-        if self._silent is None and timeout is not None and silent > timeout.total_seconds():
-            self._silent = silent
 
     def _details(self) -> HeartbeatDetails:
         """What :meth:`_beat` sends: the last committed checkpoint (and the file's place in its group)."""

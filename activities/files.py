@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from s3batch.activities.boundary import unexpected
-from s3batch.activities.file_job import BEAT_INTERVAL, FileJob
+from s3batch.activities.file_job import FileJob
+from s3batch.activities.lease import Lease
 from temporalio import activity
 from temporalio.exceptions import CancelledError
 
@@ -116,12 +117,11 @@ class _GroupFile(FileJob):
     its next chunk boundary (after its last checkpoint) once its group is stopping."""
 
     def __init__(
-        self, *args: Any, stop: threading.Event, done: Callable[[], int], clock: list[float], **kwargs: Any
+        self, *args: Any, stop: threading.Event, done: Callable[[], int], **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self._group_stop = stop
         self._group_done = done
-        self._group_clock = clock
 
     def _stop_if_asked(self) -> None:
         super()._stop_if_asked()
@@ -133,17 +133,12 @@ class _GroupFile(FileJob):
         return HeartbeatDetails(self.checkpoint, self._index, self._group_done())
 
     def _beat(self, *, force: bool = False) -> None:
-        """The group's files share one heartbeat clock (``clock[0]``: when any of them last beat), and a file's
+        """The group's files share one heartbeat pace (their lease: when any of them last beat), and a file's
         final checkpoint is not forced out: a retry finds a finished file by its committed parts, not by the
         heartbeat (which names one file of the group). A small file then costs no heartbeat of its own; the
         group's progress still reaches the server at least every ``BEAT_INTERVAL``, and a checkpoint within a
         file at each of its chunks."""
-        self._beat_at = self._group_clock[0]
         super()._beat(force=force and self.checkpoint is not None and not self.checkpoint.done)
-        self._group_clock[0] = self._beat_at
-
-    def _last_beat(self) -> float:
-        return max(self._alive_at, self._group_clock[0])  # any file's heartbeat is the group activity's
 
 
 class _GroupRun:
@@ -171,8 +166,8 @@ class _GroupRun:
         """Source bytes of the files finished (``HeartbeatDetails.group_done``: ``s3batch watch``'s progress)."""
         self._lock = threading.Lock()
         self._all_done = threading.Event()
-        self.beat_clock = [-BEAT_INTERVAL]
-        """When a file of the group last heartbeated (``_GroupFile._beat``)."""
+        self.lease = Lease(activity.info().heartbeat_timeout)
+        """The group's lease: its files heartbeat for the one activity (:mod:`~s3batch.activities.lease`)."""
 
     def run_all(self) -> None:
         """Run every file; returns once each has finished or stopped. The SDK's cancellation is held
@@ -218,7 +213,7 @@ class _GroupRun:
         try:
             self.jobs[index] = job = _GroupFile(
                 self.s3, self.settings, item, hint, index, fresh=self.fresh, pools=self.pools, stop=self.stop,
-                done=lambda: self.done_bytes, clock=self.beat_clock,
+                done=lambda: self.done_bytes, lease=self.lease,
             )
             self.results[index] = job.run()
             with self._lock:
