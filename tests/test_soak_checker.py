@@ -9,13 +9,14 @@ principles does.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import unmeasured
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,7 @@ def soak(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedPr
     """``python -m scripts.soak`` with ``args``, its folder under ``tmp_path``; its output and summary."""
     proc = subprocess.run(
         [sys.executable, "-m", "scripts.soak", "--root", str(tmp_path / "soak"), *args],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=unmeasured(**env), capture_output=True, text=True, timeout=600,
     )
     summary_file = tmp_path / "soak" / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}

