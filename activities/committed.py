@@ -31,6 +31,8 @@ from s3batch.s3io import delete_keys, list_folder, raise_s3_error
 from s3batch.sinks.spec import PostgresSink, S3Sink
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from mypy_boto3_s3 import S3Client
 
     from s3batch.sinks.postgres_pools import PostgresPools
@@ -175,18 +177,20 @@ def _committed(
     parts, else of each split found."""
     zero = dict.fromkeys(_COUNTS, 0)
     if rows is not None:
-        if (f.key, f.etag) in rows and rows[(f.key, f.etag)] is None:
+        where = (f.key, f.etag)
+        if where in rows and rows[where] is None:
             return None  # a key of two buckets (a manifest job): which rejects are whose is unknown; left as is
-        row = rows.get((f.key, f.etag))
+        row = rows.get(where)
         folder.prune({None: row.chunk if row is not None else 0})
         return dict(zip(_COUNTS, _counts(row), strict=True)) if row is not None else (zero if f.split_void else None)
     found = folder.splits()
+    splits: Sequence[int | None]
     if f.split_void or (not f.splits and None in found):
-        splits: list[int | None] = [None]
+        splits = [None]
     elif f.splits:
-        splits = list(range(f.splits))
+        splits = range(f.splits)
     else:
-        splits = [s for s in sorted(s for s in found if s is not None)]
+        splits = sorted(s for s in found if s is not None)
     sums, chunks, any_committed = dict(zero), {}, False
     for split in splits:
         cp = folder.committed(f.etag, secret, split)

@@ -190,14 +190,18 @@ class CutShort:
         objects = [ObjectRef(key=k, etag=f"e-{k}", size=n) for k, n in self.sizes.items()]
         return ListObjectsResult(objects=objects, next_token=None)
 
-    async def _run_until_cancelled(self) -> Any:
+    async def _run_until_cancelled(self, how: str | None = None) -> Any:
+        """``how``: this activity's way of ending (``self.how`` by default; ``boundary``: ``SplitBoundary``)."""
         self.running += 1
         try:
             while True:
                 activity.heartbeat()
                 await asyncio.sleep(0.05)
         except asyncio.CancelledError:
-            if self.how == "fails":
+            if how == "boundary":
+                raise ApplicationError("SplitBoundary: a record crosses the boundary", {SPLIT_BOUNDARY: True},
+                                       type="SplitBoundary", non_retryable=True) from None
+            if (how or self.how) == "fails":
                 raise ApplicationError("stub: S3 went away", type="S3Error") from None  # retryable
             await asyncio.sleep(5)  # silent past the heartbeat timeout
             raise
@@ -304,16 +308,8 @@ class SplitCutAtABoundary(CutShort):
 
     @activity.defn(name="s3batch.process_file")
     async def process_file(self, req: ProcessFileInput) -> FileResult:
-        if req.split is None or req.split.index != 0:
-            return await self._run_until_cancelled()  # type: ignore[no-any-return]
-        self.running += 1
-        try:
-            while True:
-                activity.heartbeat()
-                await asyncio.sleep(0.05)
-        except asyncio.CancelledError:
-            raise ApplicationError("SplitBoundary: a record crosses the boundary", {SPLIT_BOUNDARY: True},
-                                   type="SplitBoundary", non_retryable=True) from None
+        first = req.split is not None and req.split.index == 0
+        return await self._run_until_cancelled("boundary" if first else None)  # type: ignore[no-any-return]
 
 
 async def test_a_file_that_could_not_be_split_in_a_cancelled_job_is_cancelled_and_its_split_output_void(

@@ -81,7 +81,7 @@ class Books:
             self.state.whole = [k for k in self.state.whole if k != result.key] or None
             result = result.model_copy(update={"warnings": [*(result.warnings or []), WHOLE_WARNING]})
             if result.status in ("cancelled", "failed"):  # its splits' output, read wrong at a boundary, is void
-                result = result.model_copy(update={"split_void": True})
+                result = void_split(result)
         totals = self.state.totals
         if result.status == "succeeded":
             totals.files_succeeded += 1
@@ -258,6 +258,16 @@ def completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] |
     outcome = fut.result()
     items = outcome if isinstance(outcome, list) else [outcome]
     return [item for item in items if isinstance(item, FileResult)] or None
+
+
+def void_split(result: FileResult) -> FileResult:
+    """``result`` of a file that could not be split (a split began inside a record), stopped before it was processed
+    whole: ``split_void``, what its splits wrote removed with the report."""
+    error = (
+        f"{result.error + '; ' if result.error else ''}it could not be split (a quoted line break at a split "
+        "boundary), so what its splits wrote is removed and a redrive processes it whole"
+    )
+    return result.model_copy(update={"split_void": True, "error": error})
 
 
 def cancelled_result(obj: ObjectRef) -> FileResult:

@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut, stop_cut
+    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut, stop_cut, void_split
     from s3batch.workflows.patches import FAIL_ALL_REJECTED
     from s3batch.workflows.schedule import start_split_activity
 
@@ -210,15 +210,6 @@ def split_outcome(
         # splits' output counted, a record read two ways among it; found by the soak, seed 67).
         return [void_split(cancelled_result(obj))]
     return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
-
-
-def void_split(result: FileResult) -> FileResult:
-    """``result`` of a file that could not be split, stopped before it was processed whole: ``split_void``."""
-    error = (
-        f"{result.error}; it could not be split (a quoted line break at a split boundary), so what its splits "
-        "wrote is removed and a redrive processes it whole"
-    )
-    return result.model_copy(update={"split_void": True, "error": error})
 
 
 def process_whole(st: JobState, obj: ObjectRef) -> None:
