@@ -258,9 +258,25 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
-    def stop(self) -> None:
-        for name in list(self.procs):
-            self.stop_one(name)
+    def stop(self, grace: float = 15) -> None:
+        """Stop every server at once: SIGTERM, then SIGKILL what is still running after ``grace`` seconds.
+
+        SeaweedFS holding data can take past 15 s to exit on SIGTERM (its volume server, after the S3 gateway
+        and filer have stopped): a stack whose data is thrown away (a test session's, the soak's, the
+        benchmark's) passes a short ``grace``."""
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs.values():
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.config.root / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it open
