@@ -259,7 +259,7 @@ async def bench(args: argparse.Namespace) -> int:
         for w in workers:
             with contextlib.suppress(Exception):
                 w.stop(25)
-        stack.stop(grace=3)  # a scratch stack: its data is thrown away
+        stack.stop()
     info["loadavg_at_end"] = os.getloadavg()
     payload = write_json(partial=False)
     print_summary(payload, out)

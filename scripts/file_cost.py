@@ -206,7 +206,7 @@ def main() -> None:
                 out.append(measure(name, files, run, client, calls))
             print(json.dumps(out, indent=1))
         finally:
-            stack.stop(grace=3)  # a scratch stack: its data is thrown away
+            stack.stop()
 
 
 if __name__ == "__main__":

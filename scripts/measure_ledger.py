@@ -106,7 +106,7 @@ def main() -> int:
         try:
             return asyncio.run(measure(stack, args.runs, args.objects, args.window))
         finally:
-            stack.stop(grace=3)  # a scratch stack: its data is thrown away
+            stack.stop()
 
 
 if __name__ == "__main__":

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             stack.start()
             written = asyncio.run(record(args, stack, Path(tmp)))
         finally:
-            stack.stop(grace=3)  # a scratch stack: its data is thrown away
+            stack.stop()
     print(f"wrote {len(written)} histories to {args.out}")
 
 

@@ -138,7 +138,7 @@ async def _main() -> None:
         finally:
             if worker:
                 worker.stop()
-            stack.stop(grace=3)  # a scratch stack: its data is thrown away
+            stack.stop()
 
 
 if __name__ == "__main__":

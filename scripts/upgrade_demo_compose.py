@@ -202,7 +202,7 @@ class Demo:
     def down(self) -> None:
         self.sh("down", "-v", "--remove-orphans", show=False, check=False)
         if self.stack is not None:
-            self.stack.stop(grace=3)  # a scratch stack: its data is thrown away
+            self.stack.stop()
 
 
 def cli(*args: str) -> None:

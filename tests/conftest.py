@@ -87,7 +87,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         yield stack
     finally:
-        stack.stop(grace=3)  # a scratch stack: its data is thrown away
+        stack.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -527,7 +527,7 @@ async def test_frozen_worker_resumed_after_takeover_cannot_change_the_output(
     # A commit the zombie had begun when it was frozen (its request already past the lease check, the part of
     # the chunk after the last one seen committed) can still land after SIGCONT: identical bytes (checked below),
     # the limit the fence documents. Any later chunk is a commit begun after the silence: the fence failed.
-    begun = [t for t in late_puts if int(re.search(r"part-(\d+)", t).group(1)) > frozen_at + 1]  # type: ignore[union-attr]
+    begun = [t for t in late_puts if int(t.rsplit("part-", 1)[1].removesuffix(".jsonl")) > frozen_at + 1]
     assert not begun, f"the zombie committed after SIGCONT: {late_puts}"
     assert {key: after[key] for key in before} == before, "a late attempt changed committed output"
     check = output_check(s3, out, "o/big.csv/", rows)

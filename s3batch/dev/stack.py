@@ -251,19 +251,15 @@ class Stack:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _reap(proc, timeout)
 
-    def stop(self, grace: float = 15) -> None:
+    def stop(self, grace: float = 3) -> None:
         """Stop every server at once: SIGTERM, then SIGKILL what is still running after ``grace`` seconds.
 
-        SeaweedFS holding data can take past 15 s to exit on SIGTERM (its volume server, after the S3 gateway
-        and filer have stopped): a stack whose data is thrown away (a test session's, the soak's, the
-        benchmark's) passes a short ``grace``."""
+        Every caller's stack is a scratch one (a test session's, the soak's, the benchmark's, the scripts', a
+        background stack that failed to start; ``s3batch-stack down`` stops its servers by their pids): a short
+        grace, as SeaweedFS holding data can take past 15 s to exit on SIGTERM (its volume server, after the S3
+        gateway and filer have stopped)."""
         procs, self.procs = self.procs, {}
         for proc in procs.values():
             if proc.poll() is None:
@@ -271,12 +267,7 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for proc in procs.values():
-            try:
-                proc.wait(max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _reap(proc, deadline - time.monotonic())
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.config.root / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it open
@@ -344,3 +335,13 @@ def ensure_buckets(client: Any, *names: str) -> None:
             pass
         except client.exceptions.BucketAlreadyExists:
             pass
+
+
+def _reap(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``proc``, signalled to stop; then SIGKILL its process group."""
+    try:
+        proc.wait(max(timeout, 0.01))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -115,7 +115,7 @@ class Cluster:
                 slot.proc.stop(15)
         if self.proxy is not None:
             self.proxy.stop()
-        self.stack.stop(grace=3)  # a scratch stack: its data is thrown away
+        self.stack.stop()
         if self.pg is not None:
             self.pg.remove()
 
