@@ -303,9 +303,11 @@ class FileResult(_Model):
     """What the job's ``after_success`` did to the file (None: nothing was to be done: no such option, or the
     file did not succeed)."""
     split_void: bool | None = None
-    """The file could not be split (a quoted line break at a split boundary: a split began inside a record) and
-    its job stopped before it was processed whole: what its splits wrote is void, removed when the report is
-    written; only what it wrote whole counts (None: not so). A redrive processes it whole."""
+    """What the file's splits wrote is void, removed when the report is written; only what it wrote whole counts
+    (None: not so). Either it could not be split (a quoted line break at a split boundary: a split began inside a
+    record) and its job stopped before it was processed whole (a redrive processes it whole), or it is a CSV whose
+    splits stopped (``cancelled``, ``failed``) before each but the last reached its end, where it checks that the
+    next began at a record (a redrive processes it from its start)."""
 
     @model_serializer(mode="wrap")
     def _omit_unset_rejects(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -44,6 +44,13 @@
    the job had ended and its report counted the file's output (seed 67 in CI: the job ended 1.5 s before SIGCONT):
    a cancelled job's output held more than its report. An attempt silent past its heartbeat timeout now stops
    before its next commit (``SilentAttempt``, retryable): the server has timed it out by then.
+10. A big CSV in splits, one of which began inside a quoted record, whose splits were stopped (a cancel of the job,
+    a sibling's failure) before the split in front of that boundary reached its end, where it would have found it:
+    the file ended ``failed`` or ``cancelled`` with a fragment of a record among its rejects, one reject fewer than
+    its report counted (the 60-minute soak, seed 60512, jobs 163 and 261). A stopped file whose splits did not all
+    check their boundaries is now ``split_void`` too (a redrive processes it from its start; a hand-over is not:
+    the next run resumes the splits, which check them). Its failure is that of the split that failed on its own
+    (before: the first in order, which could be a sibling it stopped).
 """
 
 from __future__ import annotations
@@ -246,7 +253,10 @@ async def test_files_cut_short_after_a_cancel_are_cancelled_not_failed_or_never_
     # failed with no counts. Now cancelled: the report activity reads their committed output back.
     assert {f.key: f.status for f in stubs.report.files} == dict.fromkeys(sizes, "cancelled")
     if running > 1:
-        assert stubs.report.files[0].splits == running, "each split's committed parts are read back"
+        [entry] = stubs.report.files
+        assert entry.splits == running
+        # Neither split reached its end, where it checks where the next began: their output is void (finding 10).
+        assert entry.split_void and "processes it from its start" in (entry.error or ""), entry
 
 
 async def test_a_file_that_failed_after_committing_parts_reports_them(
@@ -333,6 +343,65 @@ async def test_a_file_that_could_not_be_split_in_a_cancelled_job_is_cancelled_an
     assert (entry.status, entry.split_void) == ("cancelled", True), entry
     assert "processes it whole" in (entry.error or "")
     assert stubs.report.totals.files_cancelled == 1 and stubs.report.totals.files_failed == 0
+
+
+class SplitFailsAlone(CutShort):
+    """A file in two splits whose split 1 fails on its own for good (``TooManyRejects``: it may have begun inside
+    a quoted record and read a fragment) while split 0, not at its end yet, runs; split 0, asked to stop, fails its
+    attempt then (S3 went away), as the soak's seed 60512 made it."""
+
+    @activity.defn(name="s3batch.process_file")
+    async def process_file(self, req: ProcessFileInput) -> FileResult:
+        if req.split is None or req.split.index == 0:
+            return await self._run_until_cancelled()  # type: ignore[no-any-return]
+        self.running += 1
+        while self.running < 2:
+            activity.heartbeat()
+            await asyncio.sleep(0.05)
+        raise ApplicationError("stub: 3 of 4 records rejected", type="TooManyRejects", non_retryable=True)
+
+
+async def test_a_file_whose_splits_stopped_before_checking_their_boundaries_is_void(
+    stack: Stack, task_queue: str
+) -> None:
+    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
+    stubs = SplitFailsAlone("fails", {"big.csv": 100_000})
+    job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
+           "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
+    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
+                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
+        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("unchecked"), task_queue=task_queue)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)  # its only file failed
+    assert stubs.report is not None
+    [entry] = stubs.report.files
+    # Before: failed with split 0's cut attempt as its error (the first in order), its splits' output kept and
+    # counted, a fragment of a record among split 1's rejects.
+    assert entry.status == "failed" and (entry.error or "").startswith("TooManyRejects: stub"), entry
+    assert entry.split_void and "processes it from its start" in (entry.error or ""), entry
+
+
+def test_a_stopped_file_whose_splits_checked_every_boundary_keeps_their_output() -> None:
+    from s3batch.workflows.books import Books
+    from s3batch.workflows.splits import Ended, split_outcome
+
+    from s3batch.messages import JobState
+
+    spec = S3BatchInput(bucket="src", output_bucket="out", split_bytes=64 * 1024)
+    obj = ObjectRef(key="big.csv", etag="e", size=200_000)
+    done = FileResult(key="big.csv", etag="e", status="succeeded", records=5, records_written=5, chunks=1, attempts=1)
+    stopped = done.model_copy(update={"status": "cancelled", "records": 3, "records_written": 3})
+    books = Books(JobState())
+    # Split 0 reached its end, so it found split 1 began at a record: split 1's committed output stands.
+    [kept] = split_outcome(books, spec, obj, Ended([done, stopped], None, checked=True), stopped=True) or []
+    assert (kept.status, kept.split_void, kept.records) == ("cancelled", None, 8)
+    [void] = split_outcome(books, spec, obj, Ended([stopped, stopped], None, checked=False), stopped=True) or []
+    assert (void.status, void.split_void) == ("cancelled", True)
+    # A hand-over: the next run resumes the same splits, which check their boundaries as they reach them.
+    over = Ended([stopped, stopped], None, checked=False)
+    [handed] = split_outcome(books, spec, obj, over, stopped=True, handing_over=True) or []
+    assert handed.split_void is None
 
 
 def _checkpointed(s3: Any, bucket: str, key: str, cp: Checkpoint, body: bytes = b"{}\n") -> None:

@@ -260,13 +260,22 @@ def completed_anyway(handle: workflow.ActivityHandle[Any]) -> list[FileResult] |
     return [item for item in items if isinstance(item, FileResult)] or None
 
 
-def void_split(result: FileResult) -> FileResult:
-    """``result`` of a file that could not be split (a split began inside a record), stopped before it was processed
-    whole: ``split_void``, what its splits wrote removed with the report."""
-    error = (
-        f"{result.error + '; ' if result.error else ''}it could not be split (a quoted line break at a split "
-        "boundary), so what its splits wrote is removed and a redrive processes it whole"
-    )
+UNSPLITTABLE = (
+    "it could not be split (a quoted line break at a split boundary), so what its splits wrote is removed and a "
+    "redrive processes it whole"
+)
+"""Why the split output of a file is void: a split found that the next one began inside a record."""
+UNCHECKED = (
+    "its splits stopped before each had reached its end, where it checks that the next split began at a record "
+    "(not inside a quoted one), so what they wrote is removed and a redrive processes it from its start"
+)
+"""Why the split output of a file is void: stopped before every boundary between its splits was checked."""
+
+
+def void_split(result: FileResult, why: str = UNSPLITTABLE) -> FileResult:
+    """``result`` of a file stopped with split output that cannot be trusted (``why``): ``split_void``, what its
+    splits wrote removed with the report."""
+    error = f"{result.error + '; ' if result.error else ''}{why}"
     return result.model_copy(update={"split_void": True, "error": error})
 
 

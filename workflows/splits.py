@@ -18,12 +18,21 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, RetryState, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from s3batch.workflows.books import Books, cancelled_result, completed_anyway, retry_cut, stop_cut, void_split
+    from s3batch.workflows.books import (
+        UNCHECKED,
+        Books,
+        cancelled_result,
+        completed_anyway,
+        retry_cut,
+        stop_cut,
+        void_split,
+    )
     from s3batch.workflows.patches import FAIL_ALL_REJECTED
     from s3batch.workflows.schedule import start_split_activity
 
@@ -46,8 +55,17 @@ with workflow.unsafe.imports_passed_through():
 
 _UTF8 = (None, "utf-8", "utf8", "utf_8")
 
-Ended = tuple[list[FileResult], ActivityError | None]
-"""How a file's splits ended: their results, and the first failure (:func:`run_splits`)."""
+
+class Ended(NamedTuple):
+    """How a file's splits ended (:func:`run_splits`)."""
+
+    results: list[FileResult]
+    """Their results (a split stopped without one: cancelled, nothing committed)."""
+    error: ActivityError | None
+    """The failure of the first split that failed, if one did."""
+    checked: bool
+    """Every boundary between them was checked: each split but the last reached its end, where it finds whether
+    the next one began at a record (else it may have begun inside a quoted record, and read a fragment of it)."""
 
 
 def split_count(spec: S3BatchInput, st: JobState, obj: ObjectRef, free: int) -> int:
@@ -150,9 +168,7 @@ def merged(spec: S3BatchInput, obj: ObjectRef, results: list[FileResult]) -> Fil
 
 async def run_splits(spec: S3BatchInput, obj: ObjectRef, count: int, ending: Callable[[], bool]) -> Ended:
     """Start the ``count`` splits of ``obj`` and wait for them all; on the first that fails (or a cancel of
-    the job: ``ending``), stop the others at their next chunk boundary. Returns their results (a split
-    stopped without one counts as cancelled, with nothing committed) and the failure of the first split
-    that failed, if one did."""
+    the job: ``ending``), stop the others at their next chunk boundary. Returns how they ended."""
     handles = [start_split_activity(spec, obj, r) for r in split_ranges(obj, count)]
     with contextlib.suppress(asyncio.CancelledError):  # the job is being cancelled or stopped: see below
         await workflow.wait(handles, return_when=asyncio.FIRST_EXCEPTION)
@@ -166,22 +182,39 @@ async def run_splits(spec: S3BatchInput, obj: ObjectRef, count: int, ending: Cal
             await workflow.wait(handles)
     results: list[FileResult] = []
     error: ActivityError | None = None
+    reached_end: list[bool] = []
+    cause = _failed_alone(handles)
     for h in handles:
         if h.cancelled():
-            results += completed_anyway(h) or [cancelled_result(obj)]
+            anyway = completed_anyway(h)
+            results += anyway or [cancelled_result(obj)]
+            reached_end.append(bool(anyway) and all(r.status == "succeeded" for r in anyway or ()))
             continue
         exc = h.exception()
+        reached_end.append(exc is None and h.result().status == "succeeded")
         if exc is None:
             results.append(h.result())
         elif not isinstance(exc, ActivityError):
             raise exc
-        elif is_cancelled_exception(exc) and (ending() or error is not None):
+        elif is_cancelled_exception(exc) and (ending() or cause is not None or error is not None):
             results.append(cancelled_result(obj))  # stopped by the job's cancel, or by a sibling's failure
         elif ending() and stop_cut(exc):
             results.append(cancelled_result(obj))  # its attempt failed or timed out after the cancel: stopped
         else:
             error = error or exc
-    return results, error
+    return Ended(results, cause or error, all(reached_end[:-1]))
+
+
+def _failed_alone(handles: Sequence[workflow.ActivityHandle[FileResult]]) -> ActivityError | None:
+    """The failure of the first split that failed on its own (not asked to stop), whichever its place (before: the
+    first failure in order, which could be that of a sibling it stopped, recorded as the file's)."""
+    for h in handles:
+        exc = None if h.cancelled() else h.exception()
+        if not isinstance(exc, ActivityError) or is_cancelled_exception(exc):
+            continue
+        if exc.retry_state != RetryState.CANCEL_REQUESTED:
+            return exc
+    return None
 
 
 def cannot_split(error: ActivityError) -> bool:
@@ -195,12 +228,22 @@ def split_outcome(
 ) -> list[FileResult] | None:
     """The result to record for a file whose splits ended (``ended``: :func:`run_splits`'s; ``stopped`` and
     ``handing_over`` as ``Books.failed`` takes them); None when it could not be split and was put back to be
-    processed whole (:func:`process_whole`)."""
-    results, error = ended
+    processed whole (:func:`process_whole`).
+
+    A CSV file recorded ``cancelled`` or ``failed`` whose boundaries were not all checked (``ended.checked``: its
+    splits stopped early) is ``split_void``: one of them may have begun inside a quoted record and read a fragment
+    of it, so what they wrote is removed with the report and a redrive processes the file from its start (before:
+    a fragment of a record among its rejects; found by the soak, seed 60512). A file handed over is not (the next
+    run resumes its splits, which check their boundaries as they reach them), nor one in JSON Lines (a line feed
+    always ends a record)."""
+    results, error, checked = ended
+    checked = checked or resolve_format(obj.key, spec.format)[0] != "csv"
     if error is not None and handing_over and retry_cut(error):
         results, error = [*results, cancelled_result(obj)], None  # a retry the hand-over cut short: stopped too
     if error is None:
-        return [merged(spec, obj, results)]
+        result = merged(spec, obj, results)
+        unsure = result.status != "succeeded" and not checked and not handing_over
+        return [void_split(result, UNCHECKED) if unsure else result]
     if cannot_split(error) and (handing_over or not stopped):  # a hand-over: the next run processes it whole
         process_whole(books.state, obj)
         return None
@@ -209,7 +252,8 @@ def split_outcome(
         # splits wrote is void (one began inside a record), removed with the report (before: ``failed``, its
         # splits' output counted, a record read two ways among it; found by the soak, seed 67).
         return [void_split(cancelled_result(obj))]
-    return books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
+    outcome = books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
+    return outcome if checked or handing_over else [void_split(r, UNCHECKED) for r in outcome]
 
 
 def process_whole(st: JobState, obj: ObjectRef) -> None:
@@ -220,4 +264,3 @@ def process_whole(st: JobState, obj: ObjectRef) -> None:
         del st.split_counts[obj.key]
         st.split_counts = st.split_counts or None
     st.pending.insert(0, obj)
-
