@@ -4,6 +4,7 @@ each file's rejects are, and a report table that fits 80 columns."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -81,31 +82,34 @@ async def test_exit_codes_tell_the_job_state(
     src, out = buckets
     s3.put_object(Bucket=src, Key="in/a.csv", Body=make_csv(10))
     base = ["--bucket", src, "--prefix", "in/", "--output-bucket", out, "--task-queue", task_queue]
-    ok = await run("s3batch", "start", *base, "--output-prefix", "ok/", "--wait", "--json")
-    ok_id = json.loads(ok.stdout)["workflow_id"]
-    bad = await run("s3batch", "start", *base, "--output-prefix", "bad/", "--handler", "no-such-handler", "--wait")
+    # The commands run at once (each a process of its own, mostly starting up): a job's exit code is its own.
+    ok, bad = await asyncio.gather(
+        run("s3batch", "start", *base, "--output-prefix", "ok/", "--wait", "--json"),
+        run("s3batch", "start", *base, "--output-prefix", "bad/", "--handler", "no-such-handler", "--wait"),
+    )
     assert (ok.code, bad.code) == (EXIT_OK, EXIT_FAILED), (ok, bad)
+    ok_id = json.loads(ok.stdout)["workflow_id"]
     bad_id = bad.stdout.split("Started job ", 1)[1].split()[0]
 
     s3.put_object(Bucket=src, Key="in/b.csv", Body=make_csv(20_000))
-    cancelled = await start(client, task_queue, slow_job(src, out, output_prefix="c/"), "exit-cancel")
-    await until(lambda p: p.files_in_flight >= 1, cancelled)
+    cancelled, terminated = await asyncio.gather(
+        start(client, task_queue, slow_job(src, out, output_prefix="c/"), "exit-cancel"),
+        start(client, task_queue, slow_job(src, out, output_prefix="t/"), "exit-terminate"),
+    )
+    await asyncio.gather(*(until(lambda p: p.files_in_flight >= 1, h) for h in (cancelled, terminated)))
     await cancelled.cancel()
+    await terminated.terminate()
     with pytest.raises(WorkflowFailureError):
         await cancelled.result()
-    terminated = await start(client, task_queue, slow_job(src, out, output_prefix="t/"), "exit-terminate")
-    await until(lambda p: p.files_in_flight >= 1, terminated)
-    await terminated.terminate()
 
-    for wid, code in ((ok_id, EXIT_OK), (bad_id, EXIT_FAILED), (cancelled.id, EXIT_CANCELLED),
-                      (terminated.id, EXIT_TERMINATED), ("no-such-job", EXIT_NOT_FOUND)):  # fmt: skip
-        for argv in (["status", wid], ["status", wid, "--json"], ["watch", wid]):
-            r = await run("s3batch", *argv)
-            assert r.code == code, (argv, r)
+    expected = [(argv, code) for wid, code in ((ok_id, EXIT_OK), (bad_id, EXIT_FAILED), (cancelled.id, EXIT_CANCELLED),
+                                               (terminated.id, EXIT_TERMINATED), ("no-such-job", EXIT_NOT_FOUND))
+                for argv in (["status", wid], ["status", wid, "--json"], ["watch", wid])]  # fmt: skip
     report_codes = {ok_id: EXIT_OK, cancelled.id: EXIT_CANCELLED, terminated.id: EXIT_NOT_FOUND}  # no report
-    for wid, code in report_codes.items():
-        r = await run("s3batch", "report", wid)
-        assert r.code == code, (wid, r)
+    expected += [(["report", wid], code) for wid, code in report_codes.items()]
+    ran = await asyncio.gather(*(run("s3batch", *argv) for argv, _ in expected))
+    for (argv, code), r in zip(expected, ran, strict=True):
+        assert r.code == code, (argv, r)
 
 
 async def test_the_report_says_where_each_files_rejects_are_and_fits_80_columns(

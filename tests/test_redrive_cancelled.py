@@ -7,6 +7,7 @@ so 20 keys were never even listed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -18,6 +19,7 @@ import pytest
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from s3batch import layout
@@ -60,6 +62,14 @@ async def _cancel_after(client: Client, wid: str, succeeded: int) -> None:
 
 async def _done_at_least(client: Client, wid: str, n: int) -> bool:
     return (await _progress(client, wid)).files_succeeded >= n
+
+
+async def _started(client: Client, wid: str) -> bool:
+    try:
+        await _progress(client, wid)
+    except RPCError:
+        return False
+    return True
 
 
 def _succeeded(rep: dict[str, Any]) -> list[str]:
@@ -105,9 +115,18 @@ async def test_redrives_of_a_cancelled_job_process_exactly_what_it_left(
     assert not set(_succeeded(second)) & set(_succeeded(first)), "a redrive processed a file again"
     assert second["listing"]["done"] is False, "the 20 keys the first job never listed are still due"
 
-    # A last redrive, at full speed, finishes the job.
+    # A last redrive, at full speed, finishes the job: its handler no longer waits, and once it runs it takes 8
+    # files at once (`s3batch set-concurrency`; it inherits one at a time, and its 500-odd files took 90 s so).
     GATE["delay"] = 0.0
-    r = await run("s3batch", "redrive", second_id, "--task-queue", task_queue, "--wait", "--json", timeout=300)
+    third_id = f"{second_id}-last"
+    redrive = asyncio.ensure_future(
+        run("s3batch", "redrive", second_id, "--id", third_id, "--task-queue", task_queue, "--wait", "--json",
+            timeout=300)
+    )  # fmt: skip
+    await wait_for(lambda: _started(client, third_id), 60, f"{third_id} started")
+    faster = await run("s3batch", "set-concurrency", third_id, "8")
+    r = await redrive
+    assert faster.code == 0, faster
     assert r.code == 0, r
     third = report(s3, out)
     assert third["status"] == "succeeded" and third["listing"]["done"] is True
