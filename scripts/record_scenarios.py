@@ -424,6 +424,35 @@ async def stopped_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return handle, "CancelledError"
 
 
+async def final_report_stands(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """Cancelled while its final report is being written (patch ``final-report-stands``): the job ends with the
+    status its report was begun with, ``succeeded`` (before the patch: the report activity was cancelled and a
+    ``cancelled`` report written). The job's worker reaches S3 through a proxy holding each request 1.5 s, so the
+    report is surely in flight when the cancel lands."""
+    from scripts.benchmark.latency import LatencyProxy
+
+    src, out = ctx.buckets("final-report")
+    ctx.put(src, {"in/00.csv": csv_rows(20, name=CANARY)})
+    queue = f"{ctx.task_queue}-slow-report"
+    s3_port = int(os.environ["AWS_ENDPOINT_URL_S3"].rsplit(":", 1)[1])
+    with LatencyProxy(s3_port, 1.5) as proxy:
+        worker = ctx.worker(queue, "slow-report", AWS_ENDPOINT_URL_S3=proxy.endpoint)
+        try:
+            handle = await ctx.start("final_report_stands", _job(src, out), queue=queue)
+
+            async def report_scheduled() -> bool:
+                events = (await handle.fetch_history()).events
+                return any(e.activity_task_scheduled_event_attributes.activity_type.name == "s3batch.write_report"
+                           for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)  # fmt: skip
+
+            await _wait(report_scheduled, "the job's report scheduled", timeout=120)
+            await handle.cancel()
+            outcome = await result(handle)
+        finally:
+            worker.stop()
+    return handle, outcome
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "continue_as_new": continue_as_new,
     "groups": groups,
@@ -444,6 +473,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {
     "cancel_in_check": cancel_in_check,
     "upgrade_on_new_version": upgrade_on_new_version,
     "stopped_attempt": stopped_attempt,
+    "final_report_stands": final_report_stands,
 }
 
 CURRENT_ONLY = {
@@ -455,6 +485,7 @@ CURRENT_ONLY = {
     "cancel_in_check",
     "upgrade_on_new_version",
     "stopped_attempt",
+    "final_report_stands",
 }
 """Scenarios of options, handlers or worker settings v0.1.0 does not have: a release is recorded without them
 unless ``--only`` names them."""
@@ -471,5 +502,6 @@ PATCHES: dict[str, set[str]] = {
     "cancel_in_check": {"report-on-any-cancel"},
     "upgrade_on_new_version": {"upgrade-on-new-version"},
     "stopped_attempt": {"stopped-attempt", "short-activities-heartbeat"},
+    "final_report_stands": {"final-report-stands"},
 }
 """The patch markers the runs of a scenario recorded with the working tree must hold (``--current``)."""

@@ -51,6 +51,11 @@
     check their boundaries is now ``split_void`` too (a redrive processes it from its start; a hand-over is not:
     the next run resumes the splits, which check them). Its failure is that of the split that failed on its own
     (before: the first in order, which could be a sibling it stopped).
+11. A job cancelled while its final report was being written ended ``cancelled`` with a report saying
+    ``succeeded`` (seed 79 in CI): the cancel stopped the report activity and a ``cancelled`` report was written,
+    then the first attempt, on a worker frozen meanwhile, woke and wrote its ``succeeded`` report over it. A job
+    that has begun to close now closes with the status it began with, whatever cancel arrives meanwhile (patch
+    ``final-report-stands``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import pytest
 from s3batch.activities.boundary import boundary
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -402,6 +408,49 @@ def test_a_stopped_file_whose_splits_checked_every_boundary_keeps_their_output()
     over = Ended([stopped, stopped], None, checked=False)
     [handed] = split_outcome(books, spec, obj, over, stopped=True, handing_over=True) or []
     assert handed.split_void is None
+
+
+class ReportHeldUp(CutShort):
+    """A job of no file whose report activity runs until the test lets it end (its worker frozen, for the job)."""
+
+    def __init__(self) -> None:
+        super().__init__("fails", {})
+        self.statuses: list[str] = []
+        self.release = asyncio.Event()
+
+    @activity.defn(name="s3batch.write_report")
+    async def write_report(self, req: FinalReportInput) -> str:
+        self.statuses.append(req.status)
+        if len(self.statuses) == 1:
+            await self.release.wait()  # no heartbeat: a cancel of it is never seen here, as on a frozen worker
+        return "_report.json"
+
+    def activities(self) -> list[Any]:
+        return [self.check_job, self.list_objects, self.write_report]
+
+
+async def test_a_cancel_arriving_while_the_final_report_is_written_does_not_change_it(
+    stack: Stack, task_queue: str
+) -> None:
+    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
+    stubs = ReportHeldUp()
+    job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/"}
+    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities()):
+        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("closing"), task_queue=task_queue)
+        await wait_for(lambda: stubs.statuses, 30, "the report being written")
+        await handle.cancel()
+        await wait_for(lambda: _cancel_seen(handle), 30, "the cancel reaching the job")
+        stubs.release.set()
+        result = await asyncio.wait_for(handle.result(), 60)
+    # Before: a second report, cancelled, over which the first attempt then wrote succeeded; the job cancelled.
+    assert stubs.statuses == ["succeeded"] and result["status"] == "succeeded", (stubs.statuses, result)
+
+
+async def _cancel_seen(handle: Any) -> bool:
+    """The job's workflow task that received the cancel request has completed."""
+    kinds = [e.event_type async for e in handle.fetch_history_events()]
+    requested = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCEL_REQUESTED
+    return requested in kinds and EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in kinds[kinds.index(requested):]
 
 
 def _checkpointed(s3: Any, bucket: str, key: str, cp: Checkpoint, body: bytes = b"{}\n") -> None:

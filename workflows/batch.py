@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
         REPORT_ON_ANY_CANCEL,
         SPLIT_BIG_FILES,
     )
-    from s3batch.workflows.report import job_failure, write_report
+    from s3batch.workflows.report import job_failure, to_the_end, write_report
     from s3batch.workflows.schedule import (
         HAND_OVER_GRACE,
         keep_check,
@@ -256,10 +256,10 @@ class S3BatchWorkflow:
         # the listing's position: a redrive lists on after the last key this job saw.
         self._books.close_pending()
         self._books.check()
-        key = await write_report(spec, self._state, status, self._books.results)
-        await write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done)
+        key = await to_the_end(write_report(spec, self._state, status, self._books.results))
+        await to_the_end(write_ledger(spec, self._given or spec, status, key, listing_done=self._state.listing_done))
         self._update_details(final=status)
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await to_the_end(workflow.wait_condition(workflow.all_handlers_finished))
         return key
 
     async def _stop_for_rejects(self, spec: S3BatchInput, reason: str) -> S3BatchResult:

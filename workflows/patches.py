@@ -51,3 +51,8 @@ SHORT_ACTIVITIES_HEARTBEAT = "short-activities-heartbeat"
 """The short activities (the check, listing pages, report segments, the report, the ledger) are given the job's
 heartbeat timeout and heartbeat while they run: one whose worker died is retried after that timeout (before: after
 its 5-minute start-to-close timeout, its job waiting all that time; found by the soak)."""
+FINAL_REPORT_STANDS = "final-report-stands"
+"""A cancel of the job arriving once it has begun to close (its report, its ledger, its last handlers) does not stop
+that: the report is written with the status it was begun with and the job ends so (before: the report activity was
+cancelled and a ``cancelled`` report written, which the first attempt, still running on a frozen worker, then
+overwrote with ``succeeded``: the job ended cancelled, its report saying succeeded; found by the soak, seed 79)."""

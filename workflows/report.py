@@ -1,18 +1,43 @@
-"""The end of a job: its report (one activity) and, from its totals, why it fails. Used by the
-workflow's control flow (:mod:`~s3batch.workflows.batch`)."""
+"""The end of a job: its report (one activity) and, from its totals, why it fails, and the steps of its closing
+awaited to their end (:func:`to_the_end`). Used by the workflow's control flow (:mod:`~s3batch.workflows.batch`)."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
+    from s3batch.workflows.patches import FINAL_REPORT_STANDS
     from s3batch.workflows.schedule import short_options
 
     from s3batch.errors import ACCOUNTING_ERROR
     from s3batch.messages import FileResult, FinalReportInput, JobState, Totals
     from s3batch.models import JobSpec, JobStatus, S3BatchInput
+
+T = TypeVar("T")
+
+
+async def to_the_end(step: Awaitable[T]) -> T:
+    """Await ``step`` of a job's closing (its report, its ledger, its last handlers) to its end, even when a cancel of
+    the job arrives meanwhile: the job ends with the status its report was begun with (patch ``final-report-stands``;
+    before, the cancel stopped the report activity and a ``cancelled`` report was written, which the first attempt,
+    still running on a frozen worker, overwrote). A job whose history has no marker there stops as it did."""
+    task = asyncio.ensure_future(step)
+    while True:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if workflow.patched(FINAL_REPORT_STANDS):
+                continue
+            if task.done():
+                raise
+            task.cancel()  # as before the patch: the cancel reaches the step
+            return await task
 
 
 async def write_report(spec: S3BatchInput, st: JobState, status: JobStatus, files: list[FileResult]) -> str:
