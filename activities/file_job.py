@@ -101,7 +101,7 @@ class FileJob:
         self.where = f"s3://{req.bucket}/{req.obj.key}"
         self.log_extra: dict[str, Any] = {"s3_key": req.obj.key}
         self.info = activity.info()
-        self.lease = lease or Lease(self.info.heartbeat_timeout)
+        self.lease = lease or Lease.of(self.info)
         self.books = HandlerRun(get_handler(req.handler), req.handler, self.where)
         # Only a registered handler's name becomes a metrics label.
         self.metrics = FileMetrics(req.handler)

@@ -166,7 +166,7 @@ class _GroupRun:
         """Source bytes of the files finished (``HeartbeatDetails.group_done``: ``s3batch watch``'s progress)."""
         self._lock = threading.Lock()
         self._all_done = threading.Event()
-        self.lease = Lease(activity.info().heartbeat_timeout)
+        self.lease = Lease.of(activity.info())
         """The group's lease: its files heartbeat for the one activity (:mod:`~s3batch.activities.lease`)."""
 
     def run_all(self) -> None:

@@ -11,28 +11,46 @@ last, never later than the last call, so past the timeout since that call the se
 freeze inside a commit's own request cannot be caught from the client; such a write gives the same bytes to
 the same keys as the attempt that replaced it (deterministic output).
 
-The files of a group share one lease, as they share the group activity's heartbeat (and its pace).
+The files of a group share one lease, as they share the group activity's heartbeat (and its pace). A lease starts
+when the server started the attempt (:meth:`Lease.of`), not when the worker got to it: an attempt frozen before its
+first line ran (the soak's seed 60512: frozen 18 s at its start, it woke after the server had given its files to the
+next attempt and its job had ended, and wrote a rejects file past the report) is as silent as one frozen later. That
+reads the worker's clock against the server's start time: they must agree within the heartbeat timeout (as Temporal's
+timers assume); a worker clock ahead by more stops every attempt with ``SilentAttempt``, saying so.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from s3batch.errors import SilentAttempt
+
+if TYPE_CHECKING:
+    from temporalio.activity import Info
 
 
 class Lease:
     """When the attempt last heartbeated (or started), and the first silence past ``timeout`` (None: no
     heartbeat timeout, nothing to lose)."""
 
-    def __init__(self, timeout: timedelta | None) -> None:
+    def __init__(self, timeout: timedelta | None, started: datetime | None = None) -> None:
         self.timeout = None if timeout is None else timeout.total_seconds()
-        self.last = time.monotonic()
+        # Silent since the server started the attempt (``started``), when that was earlier (the SDK's test
+        # environment leaves it at the epoch: unknown).
+        known = started is not None and started.timestamp() > 0
+        late = max(0.0, time.time() - started.timestamp()) if started is not None and known else 0.0
+        self.last = time.monotonic() - late
         self.sent = -float("inf")  # the first heartbeat goes at once
         self.silent: float | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, info: Info) -> Lease:
+        """The lease of the attempt ``info`` describes, from its start on the server."""
+        return cls(info.heartbeat_timeout, info.started_time)
 
     def due(self, force: bool, interval: float) -> bool:
         """Whether to heartbeat now (then counted as done): when ``force`` d, else at most every ``interval``
@@ -59,7 +77,8 @@ class Lease:
             raise SilentAttempt(
                 f"{where}: this attempt was silent for {silent:.1f} s, past its heartbeat timeout ({self.timeout:g} "
                 "s): the server may have given the file to another attempt or ended its job, so it stops before "
-                "committing its next chunk; a retry resumes from the last committed one"
+                "committing its next chunk; a retry resumes from the last committed one (silent since its start: "
+                "this worker's clock must agree with the Temporal server's within the heartbeat timeout)"
             )
 
     def _note(self, now: float) -> None:

@@ -56,6 +56,10 @@
     then the first attempt, on a worker frozen meanwhile, woke and wrote its ``succeeded`` report over it. A job
     that has begun to close now closes with the status it began with, whatever cancel arrives meanwhile (patch
     ``final-report-stands``).
+12. An attempt frozen before its first line ran (seed 60512: 18 s at its start)
+    woke after the server had given its group to the next attempt and its job had ended, and wrote a rejects file
+    past the report (its rejects files held 1,423 rejects, its report 1,000). An attempt's lease now starts when the
+    server started it, so such an attempt is silent past its heartbeat timeout and writes nothing.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -538,3 +542,28 @@ def test_an_attempt_silent_past_its_heartbeat_timeout_commits_nothing_more(s3: A
     assert "past its heartbeat timeout" in str(raised.value)
     parts = [o["Key"] for o in s3.list_objects_v2(Bucket=out, Prefix="o/in/f.csv/part-").get("Contents", [])]
     assert len(parts) == 1, f"the frozen chunk was committed after the freeze: {parts}"  # before: 2 or more
+
+
+def test_an_attempt_frozen_before_it_began_commits_nothing(s3: Any, buckets: tuple[str, str]) -> None:
+    """Finding 12: the server started the attempt 18 s before the worker ran its first line (frozen at its start):
+    past its heartbeat timeout it writes no part and no rejects file, though it never heartbeated late itself."""
+    from s3batch.activities.s3_activities import S3Activities
+
+    src, out = buckets
+    s3.put_object(Bucket=src, Key="in/r.csv", Body=make_csv(500) + b"1,2,3,4,5\n" * 400)  # rejects in chunk 2
+    head = s3.head_object(Bucket=src, Key="in/r.csv")
+    obj = ObjectRef(key="in/r.csv", etag=head["ETag"].strip('"'), size=head["ContentLength"])
+    req = ProcessFileInput(job_id="job-f", bucket=src, obj=obj, output_bucket=out, output_prefix="o/",
+                           handler="passthrough", chunk_records=300, format="auto", max_record_bytes=1 << 20)
+    env = ActivityEnvironment()
+    started = datetime.now(UTC) - timedelta(seconds=18)
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=10), started_time=started)
+    with pytest.raises(ApplicationError) as raised:
+        env.run(S3Activities(s3).process_file, req)
+    assert raised.value.type == "SilentAttempt", raised.value  # before: the file processed, its rejects written
+    assert s3.list_objects_v2(Bucket=out, Prefix="o/in/r.csv/").get("KeyCount") == 0
+
+    # An attempt started 2 s before it ran (a busy worker) is not silent: it processes the file.
+    env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC) - timedelta(seconds=2))
+    result = env.run(S3Activities(s3).process_file, req)
+    assert (result.status, result.records, result.rejected) == ("succeeded", 900, 400), result
