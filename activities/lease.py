@@ -40,8 +40,9 @@ class Lease:
         self.timeout = None if timeout is None else timeout.total_seconds()
         # Silent since the server started the attempt (``started``), when that was earlier (the SDK's test
         # environment leaves it at the epoch: unknown).
-        known = started is not None and started.timestamp() > 0
-        late = max(0.0, time.time() - started.timestamp()) if started is not None and known else 0.0
+        late = 0.0
+        if started is not None and started.timestamp() > 0:
+            late = max(0.0, time.time() - started.timestamp())
         self.last = time.monotonic() - late
         self.sent = -float("inf")  # the first heartbeat goes at once
         self.silent: float | None = None
