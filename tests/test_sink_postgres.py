@@ -31,7 +31,7 @@ import tests.slow_handlers  # noqa: F401 - registers slow_passthrough for in-pro
 from s3batch import client as api
 from s3batch.checkpoint import Checkpoint
 from s3batch.cli.render import print_report, report_destination
-from s3batch.config import Settings
+from s3batch.config import PostgresConnection, Settings
 from s3batch.dev.postgres import PostgresServer, server_bindir
 from s3batch.dev.stack import Stack
 from s3batch.dev.workers import WorkerProcess
@@ -753,8 +753,13 @@ def test_two_chunks_written_at_once_with_a_key_in_both_commit_in_order_and_once(
     checkpoint row and waits for chunk 2's uncommitted id 7; chunk 2 waits, in the database, for chunk 1 to
     end). The database rolls one back (the one that waited first: chunk 2, or, when chunk 2 has many more rows
     to write after id 7, chunk 1) and the chunks still commit in order, each once: id 7 from chunk 1, chunk
-    2's row of it a reject (duplicate key), the checkpoint where chunk 2 left it."""
-    pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}))
+    2's row of it a reject (duplicate key), the checkpoint where chunk 2 left it.
+
+    The sessions wait for locks and statements 120 s, not 10 and 20: on a loaded machine chunk 2's 40,000 rows
+    took longer than that, and a lock timeout, not the database's deadlock detector, ended a wait (the same
+    outcome, but not the interleaving this test pins; found in a quiet CI run)."""
+    patient = PostgresConnection(lock_timeout_seconds=120, statement_timeout_seconds=120)
+    pools = PostgresPools(Settings.explicit(postgres_dsns={"test": pg.dsn}, postgres_connections={"test": patient}))
     blocker = psycopg.connect(pg.dsn)
     try:
         sink = _file_sink(s3, buckets, pools, table, "in/d.csv")
