@@ -350,30 +350,36 @@ async def hand_over_failed_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return handle, "succeeded"
 
 
-async def cancel_in_check(ctx: Ctx) -> tuple[WorkflowHandle, str]:
-    """Cancelled while the job's check (its first activity) is in flight (patch ``report-on-any-cancel``): the
-    cancel reaches the workflow as the activity's failure, and the report is written. The job's worker reaches
-    S3 through a proxy holding each request 1.5 s, so the check is surely in flight when the cancel lands."""
+async def _cancelled_in(ctx: Ctx, name: str, activity: str) -> tuple[WorkflowHandle, str]:
+    """Start scenario ``name``'s job of one small file on a worker whose S3 requests a proxy holds 1.5 s each, cancel
+    it once its ``activity`` is scheduled (so surely in flight when the cancel lands), and say how it ended."""
     from scripts.benchmark.latency import LatencyProxy
 
-    src, out = ctx.buckets("cancel-check")
+    src, out = ctx.buckets(name.replace("_", "-"))
     ctx.put(src, {"in/00.csv": csv_rows(20, name=CANARY)})
     queue = f"{ctx.task_queue}-slow-s3"
     s3_port = int(os.environ["AWS_ENDPOINT_URL_S3"].rsplit(":", 1)[1])
     with LatencyProxy(s3_port, 1.5) as proxy:
         worker = ctx.worker(queue, "slow-s3", AWS_ENDPOINT_URL_S3=proxy.endpoint)
         try:
-            handle = await ctx.start("cancel_in_check", _job(src, out), queue=queue)
+            handle = await ctx.start(name, _job(src, out), queue=queue)
 
-            async def check_scheduled() -> bool:  # (a started activity is in the history once it ends)
+            async def scheduled() -> bool:  # (a started activity is in the history once it ends)
                 events = (await handle.fetch_history()).events
-                return any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED for e in events)
+                return any(e.activity_task_scheduled_event_attributes.activity_type.name == activity
+                           for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)  # fmt: skip
 
-            await _wait(check_scheduled, "the job's check scheduled")
+            await _wait(scheduled, f"the job's {activity} scheduled", timeout=120)
             await handle.cancel()
-            await result(handle)
+            return handle, await result(handle)
         finally:
             worker.stop()
+
+
+async def cancel_in_check(ctx: Ctx) -> tuple[WorkflowHandle, str]:
+    """Cancelled while the job's check (its first activity) is in flight (patch ``report-on-any-cancel``): the
+    cancel reaches the workflow as the activity's failure, and the report is written."""
+    handle, _ = await _cancelled_in(ctx, "cancel_in_check", "s3batch.check_job")
     return handle, "CancelledError"
 
 
@@ -427,30 +433,8 @@ async def stopped_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
 async def final_report_stands(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     """Cancelled while its final report is being written (patch ``final-report-stands``): the job ends with the
     status its report was begun with, ``succeeded`` (before the patch: the report activity was cancelled and a
-    ``cancelled`` report written). The job's worker reaches S3 through a proxy holding each request 1.5 s, so the
-    report is surely in flight when the cancel lands."""
-    from scripts.benchmark.latency import LatencyProxy
-
-    src, out = ctx.buckets("final-report")
-    ctx.put(src, {"in/00.csv": csv_rows(20, name=CANARY)})
-    queue = f"{ctx.task_queue}-slow-report"
-    s3_port = int(os.environ["AWS_ENDPOINT_URL_S3"].rsplit(":", 1)[1])
-    with LatencyProxy(s3_port, 1.5) as proxy:
-        worker = ctx.worker(queue, "slow-report", AWS_ENDPOINT_URL_S3=proxy.endpoint)
-        try:
-            handle = await ctx.start("final_report_stands", _job(src, out), queue=queue)
-
-            async def report_scheduled() -> bool:
-                events = (await handle.fetch_history()).events
-                return any(e.activity_task_scheduled_event_attributes.activity_type.name == "s3batch.write_report"
-                           for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)  # fmt: skip
-
-            await _wait(report_scheduled, "the job's report scheduled", timeout=120)
-            await handle.cancel()
-            outcome = await result(handle)
-        finally:
-            worker.stop()
-    return handle, outcome
+    ``cancelled`` report written, the job ``CancelledError``; ``PATCHES`` requires the marker of the first)."""
+    return await _cancelled_in(ctx, "final_report_stands", "s3batch.write_report")
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {

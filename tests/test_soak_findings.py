@@ -240,24 +240,33 @@ class CutShort:
         return [self.check_job, self.list_objects, self.process_file, self.process_group, self.write_report]
 
 
+async def _stub_job(
+    stack: Stack, task_queue: str, stubs: CutShort, job: dict[str, Any], name: str, *, cancel_at: int | None = None
+) -> None:
+    """Run ``job`` under the real workflow on ``stubs`` (heartbeats sent every 0.2 s) until it fails: cancelled
+    once ``cancel_at`` of its activities run, or failing on its own without ``cancel_at``."""
+    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
+    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
+                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
+                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
+        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id(name), task_queue=task_queue)
+        if cancel_at is not None:
+            await wait_for(lambda: stubs.running == cancel_at, 30, f"{cancel_at} file activities running")
+            await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+
+
 @pytest.mark.parametrize("how", ["fails", "silent"])
 @pytest.mark.parametrize(("sizes", "running"), [({"a.csv": 10, "b.csv": 10}, 1), ({"a.csv": 10}, 1),
                                                 ({"a.csv": 200_000}, 2)], ids=["group", "alone", "splits"])
 async def test_files_cut_short_after_a_cancel_are_cancelled_not_failed_or_never_started(
     stack: Stack, task_queue: str, how: str, sizes: dict[str, int], running: int
 ) -> None:
-    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
     stubs = CutShort(how, sizes)
     job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
            "group_max_bytes": 1_000, "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
-    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
-                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
-                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
-        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("cut"), task_queue=task_queue)
-        await wait_for(lambda: stubs.running == running, 30, f"{running} file activities running")
-        await handle.cancel()
-        with pytest.raises(WorkflowFailureError):
-            await asyncio.wait_for(handle.result(), 60)
+    await _stub_job(stack, task_queue, stubs, job, "cut", cancel_at=running)
     assert stubs.report is not None
     # Before: a group's files not_started (put back to run alone, then never started), a file alone or in splits
     # failed with no counts. Now cancelled: the report activity reads their committed output back.
@@ -335,18 +344,10 @@ class SplitCutAtABoundary(CutShort):
 async def test_a_file_that_could_not_be_split_in_a_cancelled_job_is_cancelled_and_its_split_output_void(
     stack: Stack, task_queue: str
 ) -> None:
-    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
     stubs = SplitCutAtABoundary("fails", {"big.csv": 200_000})
     job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
            "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
-    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
-                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
-                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
-        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("void"), task_queue=task_queue)
-        await wait_for(lambda: stubs.running == 2, 30, "2 splits running")
-        await handle.cancel()
-        with pytest.raises(WorkflowFailureError):
-            await asyncio.wait_for(handle.result(), 60)
+    await _stub_job(stack, task_queue, stubs, job, "void", cancel_at=2)
     assert stubs.report is not None
     [entry] = stubs.report.files
     # Before: failed (SplitBoundary), its splits' output counted.
@@ -374,16 +375,10 @@ class SplitFailsAlone(CutShort):
 async def test_a_file_whose_splits_stopped_before_checking_their_boundaries_is_void(
     stack: Stack, task_queue: str
 ) -> None:
-    client = await Client.connect(stack.config.temporal_address, data_converter=pydantic_data_converter)
     stubs = SplitFailsAlone("fails", {"big.csv": 100_000})
     job = {"bucket": "src-bucket", "prefix": "in/", "output_bucket": "out-bucket", "output_prefix": "o/",
            "split_bytes": 65_536, "max_concurrent_files": 2, "heartbeat_timeout_seconds": 2}
-    async with Worker(client, task_queue=task_queue, workflows=[S3BatchWorkflow], activities=stubs.activities(),
-                      max_heartbeat_throttle_interval=timedelta(milliseconds=200),
-                      default_heartbeat_throttle_interval=timedelta(milliseconds=200)):
-        handle = await client.start_workflow("S3BatchWorkflow", job, id=new_id("unchecked"), task_queue=task_queue)
-        with pytest.raises(WorkflowFailureError):
-            await asyncio.wait_for(handle.result(), 60)  # its only file failed
+    await _stub_job(stack, task_queue, stubs, job, "unchecked")  # its only file failed
     assert stubs.report is not None
     [entry] = stubs.report.files
     # Before: failed with split 0's cut attempt as its error (the first in order), its splits' output kept and
