@@ -237,12 +237,12 @@ def split_outcome(
     run resumes its splits, which check their boundaries as they reach them), nor one in JSON Lines (a line feed
     always ends a record)."""
     results, error, checked = ended
-    checked = checked or resolve_format(obj.key, spec.format)[0] != "csv"
+    trusted = checked or handing_over or resolve_format(obj.key, spec.format)[0] != "csv"
     if error is not None and handing_over and retry_cut(error):
         results, error = [*results, cancelled_result(obj)], None  # a retry the hand-over cut short: stopped too
     if error is None:
         result = merged(spec, obj, results)
-        unsure = result.status != "succeeded" and not checked and not handing_over
+        unsure = result.status != "succeeded" and not trusted
         return [void_split(result, UNCHECKED) if unsure else result]
     if cannot_split(error) and (handing_over or not stopped):  # a hand-over: the next run processes it whole
         process_whole(books.state, obj)
@@ -253,7 +253,7 @@ def split_outcome(
         # splits' output counted, a record read two ways among it; found by the soak, seed 67).
         return [void_split(cancelled_result(obj))]
     outcome = books.failed([obj], error, spec.max_attempts, stopped=stopped, handing_over=handing_over)
-    return outcome if checked or handing_over else [void_split(r, UNCHECKED) for r in outcome]
+    return outcome if trusted else [void_split(r, UNCHECKED) for r in outcome]
 
 
 def process_whole(st: JobState, obj: ObjectRef) -> None:
