@@ -79,7 +79,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     root = Path(tmp_path_factory.mktemp("stack"))
-    stack = Stack(StackConfig.random_ports(root))
+    config = StackConfig.random_ports(root)
+    # The server delays the first task of a run that continues as new less than a second after its own
+    # start (history.workflowIdReuseMinimalInterval, a guard against a tight loop of runs), so a test's job
+    # of many small runs waited most of a second a run; the tests' jobs are not about that guard.
+    config.dynamic_config["history.workflowIdReuseMinimalInterval"] = "0s"
+    stack = Stack(config)
     stack.start()
     # Everything built from the environment (boto3, envconfig, worker subprocesses) uses this stack.
     saved = {k: os.environ.get(k) for k in stack.config.env()}
