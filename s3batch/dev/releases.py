@@ -142,7 +142,11 @@ class ReleaseWorker(WorkerProcess):
     """The release's ``worker.py`` in a subprocess of the release's own Python, with the stack's
     environment (the current process's) and a log file.
 
-    It runs from the release's files, so ``S3BATCH_HANDLER_MODULES=tests.slow_handlers`` loads that
+    It imports the release as installed in its environment, never from its files: a release whose
+    ``workflows/`` and ``activities/`` folders are installed as ``s3batch.workflows`` and
+    ``s3batch.activities`` has a ``s3batch/`` folder without them, which would shadow the installed
+    package if the script's folder came first on ``sys.path`` (``PYTHONSAFEPATH``). Its ``tests`` package
+    alone is importable, from its files, so ``S3BATCH_HANDLER_MODULES=tests.slow_handlers`` loads that
     release's own test handlers, never the current ones.
     """
 
@@ -151,6 +155,10 @@ class ReleaseWorker(WorkerProcess):
 
     def __init__(self, release: Release, task_queue: str, log_dir: Path, name: str, **env: str) -> None:
         self.release = release
+        tests_only = release.src.parent / "tests-path"
+        tests_only.mkdir(exist_ok=True)
+        if not (tests_only / "tests").exists():
+            (tests_only / "tests").symlink_to(release.src / "tests", target_is_directory=True)
         super().__init__(
             task_queue,
             log_dir,
@@ -159,7 +167,7 @@ class ReleaseWorker(WorkerProcess):
             script=release.worker_py,
             cwd=release.src,
             drop_env=("PYTHONPATH", "VIRTUAL_ENV"),
-            env=env,
+            env={"PYTHONSAFEPATH": "1", "PYTHONPATH": str(tests_only), **env},
         )
 
     def terminate(self, timeout: float = 60) -> int:
