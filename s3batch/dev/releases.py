@@ -157,7 +157,7 @@ class ReleaseWorker(WorkerProcess):
         self.release = release
         tests_only = release.src.parent / "tests-path"
         tests_only.mkdir(exist_ok=True)
-        if not (tests_only / "tests").exists():
+        with contextlib.suppress(FileExistsError):  # made by another worker of the same release
             (tests_only / "tests").symlink_to(release.src / "tests", target_is_directory=True)
         super().__init__(
             task_queue,
