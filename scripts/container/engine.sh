@@ -5,8 +5,7 @@
 #                     default socket) already names, or else one started here (Debian's docker.io,
 #                     installed with apt-get when missing; root needed), with its own data root,
 #                     socket and state, on the overlay2 storage driver (vfs where overlays cannot be
-#                     mounted), without iptables or a bridge
-#                     (containers use --network host).
+#                     mounted), without iptables or a bridge (containers use --network host).
 #   engine.sh stop    stops the engine that `start` started (none other).
 #
 # The engine's data root lives in the container cache ($S3BATCH_CONTAINER_CACHE, default
