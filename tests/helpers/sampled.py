@@ -34,14 +34,12 @@ class TracedExamples:
 
     def __init__(self, patience: int = PATIENCE) -> None:
         self.patience = patience
-        self.seen = 0
         self._reached = -1
         self._dry = 0
         self._paused: coverage.Coverage | None = None
 
     def example(self) -> None:
         """Called as an example starts."""
-        self.seen += 1
         cov = coverage.Coverage.current()
         if cov is None or self._paused is not None:
             return
