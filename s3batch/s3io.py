@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -24,6 +25,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from botocore.loaders import Loader, create_loader
 from urllib3.exceptions import ProtocolError
 
 from s3batch.config import Settings
@@ -48,6 +50,22 @@ OWNERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 """The expected bucket owner each client of :func:`make_client` sends (empty: none)."""
 
 
+_LOADER: Loader | None = None
+"""botocore's loader of service models, shared by every session of this process (see :func:`make_client`)."""
+
+
+def _session() -> boto3.session.Session:
+    """A new boto3 session (its own credentials and configuration, read from the chain as a fresh session reads
+    them) sharing one loader of service models: a session of its own parses S3's service model and endpoint rules
+    again, about 0.2 s of CPU a client, against 0.03 s with the loader's cache."""
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = create_loader()
+    core = botocore.session.Session()
+    core.register_component("data_loader", _LOADER)
+    return boto3.session.Session(botocore_session=core)
+
+
 def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | None = None) -> S3Client:
     """An S3 client from boto3's default chain, with retries suited to long batch jobs.
 
@@ -63,7 +81,7 @@ def make_client(max_pool_connections: int = 32, *, expected_bucket_owner: str | 
         connect_timeout=10,
         read_timeout=60,
     )
-    client = boto3.session.Session().client("s3", config=config)
+    client = _session().client("s3", config=config)
     owner = Settings().expected_bucket_owner if expected_bucket_owner is None else expected_bucket_owner
     OWNERS[client] = owner  # the data path's other client sends it too (s3batch.objects)
     if owner:
