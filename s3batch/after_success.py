@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from s3batch.fielddocs import Documented
 from s3batch.validation import INPUT_ERROR
 
 ArchiveBucket = Annotated[
@@ -34,11 +35,11 @@ ArchiveBucket = Annotated[
 ]
 
 
-class Archive(BaseModel):
+class Archive(Documented, BaseModel):
     """Copy the processed version under ``prefix`` (keeping the key's path below the job's prefix), then
     delete it from the source."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     action: Literal["archive"]
     bucket: ArchiveBucket | None = None
@@ -58,10 +59,10 @@ class Archive(BaseModel):
         return value
 
 
-class Delete(BaseModel):
+class Delete(Documented, BaseModel):
     """Delete the processed version (on a versioned bucket: that version, permanently; a newer one stays)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     action: Literal["delete"]
 
@@ -70,10 +71,10 @@ TagKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 TagValue = Annotated[str, StringConstraints(max_length=256)]
 
 
-class Tag(BaseModel):
+class Tag(Documented, BaseModel):
     """Add ``tags`` to the processed version (tags it already has under other keys are kept)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     action: Literal["tag"]
     tags: dict[TagKey, TagValue] = Field(min_length=1, max_length=10)
@@ -86,10 +87,10 @@ AfterSuccess = Annotated[Archive | Delete | Tag, Field(discriminator="action")]
 Done = Literal["archived", "deleted", "tagged", "skipped"]
 
 
-class Outcome(BaseModel):
+class Outcome(Documented, BaseModel):
     """What ``after_success`` did to one file (its report entry's ``after_success``)."""
 
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow")
 
     done: Done
     """``archived``, ``deleted``, ``tagged``, or ``skipped`` (left as it is: see ``reason``)."""

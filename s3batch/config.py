@@ -22,11 +22,12 @@ from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from s3batch import TASK_QUEUE, versioning
+from s3batch.fielddocs import Documented
 from s3batch.incremental import DEFAULT_MAX_LEDGER_BYTES
 from s3batch.sinks.spec import postgres_variable
 
 
-class PostgresConnection(BaseModel):
+class PostgresConnection(Documented, BaseModel):
     """The settings of a PostgreSQL connection besides its DSN (docs/explanation/security.md, "The PostgreSQL
     sink"). From the environment, for connection ``warehouse``: ``S3BATCH_POSTGRES_WAREHOUSE_LOCK_TIMEOUT_SECONDS``,
     ``..._STATEMENT_TIMEOUT_SECONDS``, ``..._IDLE_IN_TRANSACTION_TIMEOUT_SECONDS``, ``..._TABLES``. The timeouts
@@ -34,7 +35,7 @@ class PostgresConnection(BaseModel):
     the first two below the jobs' ``heartbeat_timeout_seconds`` (30 s by default), so a file blocked in the
     database fails its attempt (retried, from the database's checkpoint) before it is taken for a dead worker."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     lock_timeout_seconds: float = Field(10.0, gt=0, le=86_400)
     """Longest wait of one statement for a lock (a ``LOCK TABLE`` or ``ALTER TABLE`` of another session, the
@@ -55,11 +56,11 @@ class PostgresConnection(BaseModel):
         return [g.strip() for g in self.tables.split(",") if g.strip()]
 
 
-class Settings(BaseSettings):
+class Settings(Documented, BaseSettings):
     """s3batch settings; a bad value fails at start-up with the variable's name."""
 
     model_config = SettingsConfigDict(
-        env_prefix="S3BATCH_", extra="ignore", use_attribute_docstrings=True, validate_by_name=True
+        env_prefix="S3BATCH_", extra="ignore", validate_by_name=True
     )
 
     task_queue: str = TASK_QUEUE

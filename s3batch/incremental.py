@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from s3batch.fielddocs import Documented
 from s3batch.selection import KeyFilter, split_s3_uri
 
 LEDGER_NAME = "ledger.json"
@@ -61,10 +62,10 @@ objects uploaded within one window."""
 Kind = Literal["new", "changed", "retried"]
 
 
-class Incremental(BaseModel):
+class Incremental(Documented, BaseModel):
     """The job option ``incremental``: process only what is new or changed since the last run."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     ledger: str | None = Field(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([^/].*/)?$")
     """``s3://bucket/prefix/`` of the ledger (``ledger.json`` there); default ``{output_prefix}ledger/``

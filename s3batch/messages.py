@@ -13,13 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from s3batch.after_success import AfterSuccess, Outcome
+from s3batch.fielddocs import Documented
 from s3batch.models import FileStatus, Format, JobSpec, JobStatus, without_nones
 from s3batch.reading import READ_OPTIONS, HeaderOption
 from s3batch.selection import KeyFilter
 from s3batch.sinks.spec import Sink
 
 
-class _Model(BaseModel):
+class _Model(Documented, BaseModel):
     """Internal state and messages: checkpoints, heartbeat details, continue-as-new state, activity
     inputs and results, query answers.
 
@@ -28,7 +29,7 @@ class _Model(BaseModel):
     version survives a round trip through the older one).
     """
 
-    model_config = ConfigDict(extra="allow", frozen=False, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow", frozen=False)
 
 
 class ObjectRef(_Model):

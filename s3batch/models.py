@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from s3batch import layout
 from s3batch.after_success import AfterSuccess, Archive, archive_clash
+from s3batch.fielddocs import Documented
 from s3batch.incremental import Incremental, ledger_location, ledger_uri
 from s3batch.reading import (
     READ_OPTIONS,
@@ -86,7 +87,7 @@ DEFAULT_SPLIT_BYTES = 1024 * 1024 * 1024
 """``split_bytes`` of a job that does not set it (left out of the input as written: see above)."""
 
 
-class S3BatchInput(BaseModel):
+class S3BatchInput(Documented, BaseModel):
     """Input of ``S3BatchWorkflow``: what to process, where to write it and how.
 
     Strict, unlike the internal models: an unknown field is refused (a typo must not be silently
@@ -94,7 +95,7 @@ class S3BatchInput(BaseModel):
     or 10).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     bucket: str
     """Source bucket (unless ``manifest`` names the objects: then it is left out, and is "")."""
@@ -363,7 +364,7 @@ class JobSpec(S3BatchInput):
     """The job as the workflow hands it to its activities: the same fields, but unknown ones are
     ignored, so an activity worker of an older version still accepts a job from a newer workflow."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     @classmethod
     def of(cls, job: S3BatchInput) -> JobSpec:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from s3batch.fielddocs import Documented
 from s3batch.validation import INPUT_ERROR
 
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_$]*$")]
@@ -37,10 +38,10 @@ def postgres_variable(connection: str, setting: str) -> str:
     return f"S3BATCH_POSTGRES_{connection.upper()}_{setting}"
 
 
-class S3Sink(BaseModel):
+class S3Sink(Documented, BaseModel):
     """Parts in the output bucket, one per chunk, each carrying its checkpoint (the default)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     type: Literal["s3"] = "s3"
     format: Literal["jsonl", "parquet"] = "jsonl"
@@ -53,10 +54,10 @@ class S3Sink(BaseModel):
         return None if self.format == "jsonl" else {"type": "s3", "format": self.format}
 
 
-class PostgresSink(BaseModel):
+class PostgresSink(Documented, BaseModel):
     """Rows into an existing PostgreSQL table; each chunk and the file's checkpoint in one transaction."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     type: Literal["postgres"]
     connection: ConnectionName
