@@ -27,6 +27,7 @@ from s3batch.formats.common import Record
 from s3batch.handlers import HandlerResult, chunk_handler
 from s3batch.jsonvalues import encode_json
 from tests.helpers import run, wait_for
+from tests.helpers.data import put_files
 from tests.helpers.output import report
 from tests.helpers.workers import record_reliability
 
@@ -81,8 +82,7 @@ async def test_redrives_of_a_cancelled_job_process_exactly_what_it_left(
 ) -> None:
     src, out = buckets
     keys = [f"c/{i:05d}.jsonl" for i in range(N)]
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: s3.put_object(Bucket=src, Key=keys[i], Body=body(i)), range(N)))
+    put_files(s3, src, {keys[i]: body(i) for i in range(N)})
     job = {
         "bucket": src,
         "prefix": "c/",

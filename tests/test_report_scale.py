@@ -27,6 +27,7 @@ from s3batch.report import parse_report
 from s3batch.report_store import final_report, put_report, segment_body
 from s3batch.s3io import make_client
 from tests.helpers import run, untraced
+from tests.helpers.data import put_files
 from tests.helpers.jobs import new_id
 
 MB = 1_000_000
@@ -225,11 +226,7 @@ async def test_a_job_of_3000_files_over_30_runs_reports_each_once_and_redrives(
     bad = {f"in/{i:05d}.csv.gz" for i in range(0, FILES, FILES // BAD)}  # not gzip: each fails for good
     keys = sorted({f"in/{i:05d}.csv" for i in range(FILES)} - {k.removesuffix(".gz") for k in bad} | bad)
 
-    def put(key: str) -> None:
-        s3.put_object(Bucket=src, Key=key, Body=b"id,name\r\n1,%s\r\n" % key.encode())
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, keys))
+    put_files(s3, src, {key: b"id,name\r\n1,%s\r\n" % key.encode() for key in keys})
     job = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", max_failed_files=BAD)
     wid = new_id("scale")
     handle = await client.start_workflow(

@@ -7,6 +7,8 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from s3batch.objects import addressable, data_stores
+
 
 def make_csv(rows: int, pad: int = 0) -> bytes:
     """A CSV with an ``id`` column 0..rows-1, a quoted field with a comma, and ``pad`` filler bytes."""
@@ -21,9 +23,18 @@ def csv_rows(rows: int, pad: int = 0) -> list[dict[str, str]]:
 
 
 def put_files(s3: Any, bucket: str, files: dict[str, bytes]) -> None:
-    """Upload ``{key: body}`` (16 at a time)."""
+    """Upload ``{key: body}``, 16 at a time, through the data path's obstore stores of ``s3`` (a fifth of
+    botocore's CPU a request: thousands of files are set up in seconds), boto3 for a key obstore would alter."""
+    stores = data_stores(s3)
+
+    def put(key: str, body: bytes) -> None:
+        if stores is not None and addressable(key):
+            stores.put(bucket, key, body, "binary/octet-stream", {})
+        else:
+            s3.put_object(Bucket=bucket, Key=key, Body=body)
+
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda kv: s3.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), files.items()))
+        list(pool.map(put, files.keys(), files.values()))
 
 
 def messy_csv(rows: int, bad_amounts: bool = False) -> bytes:
