@@ -56,3 +56,9 @@ FINAL_REPORT_STANDS = "final-report-stands"
 that: the report is written with the status it was begun with and the job ends so (before: the report activity was
 cancelled and a ``cancelled`` report written, which the first attempt, still running on a frozen worker, then
 overwrote with ``succeeded``: the job ended cancelled, its report saying succeeded; found by the soak, seed 79)."""
+LOCAL_SHORT_ACTIVITIES = "local-short-activities"
+"""The short activities (the check, listing pages, report segments, the report, the ledger) are local activities:
+run by the worker of the workflow task that asks for them, the task going on without a round trip through the
+server (before: each was an activity of its own, and a one-file job took five workflow tasks where it now takes two;
+issue 31). A worker that dies running one fails its workflow task, which another worker takes after the task's
+timeout and runs the step again."""
