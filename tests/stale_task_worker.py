@@ -27,8 +27,8 @@ async def main() -> None:
         client,
         task_queue=settings.task_queue,
         no_remote_activities=True,
-        max_cached_workflows=10,
-        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(2),
+        max_cached_workflows=0,
+        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(1),
     )
     async with worker:
         print("worker polling (workflow tasks only, one poll)", flush=True)

@@ -8,7 +8,8 @@ inside a task writes: a local activity runs in the worker, with no server round 
 local activities would all run (there, an empty listing, then an empty report over the run's real one and
 the ledger rewritten). This test makes the interleaving happen for certain, on an incremental job's second
 run (where a stale listing finds nothing new: the other worker's ledger has it all), and checks that the
-report and the ledger are untouched after the frozen worker wakes.
+report and the ledger are untouched after the frozen worker wakes. With the short steps as local activities
+(that change, on a branch) it fails: the woken worker writes the run's report again, the run long ended.
 
 The frozen worker is ``tests/stale_task_worker.py``: workflow tasks only, one poll, no cache. Frozen while its
 poll waits at the server, it is handed the run's first workflow task (the only worker polling) and holds it.
@@ -24,7 +25,6 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from s3batch.dev.faultproxy import FaultProxy, Rule
 from s3batch.dev.workers import WorkerProcess
 from s3batch.incremental import Incremental
 from s3batch.models import S3BatchInput
@@ -46,7 +46,7 @@ async def _run(client: Client, job: S3BatchInput, task_queue: str, wid: str) -> 
 
 
 async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_nothing(
-    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path, workers: Any, stack: Any
+    client: Client, s3: Any, buckets: tuple[str, str], task_queue: str, tmp_path: Path, workers: Any
 ) -> None:
     src, out = buckets
     for i in range(3):
@@ -57,14 +57,14 @@ async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_
     assert r1["status"] == "succeeded" and r1["totals"]["files_succeeded"] == 3, r1
     assert first.terminate() == 0
 
-    proxy = FaultProxy(stack.config.s3_port).__enter__()
     stale = WorkerProcess(
         task_queue, tmp_path, "stale", script=ROOT / "tests" / "stale_task_worker.py", cwd=ROOT,
-        env={"S3BATCH_HANDLER_MODULES": "tests.fault_handlers", "AWS_ENDPOINT_URL_S3": proxy.url},
-    ).wait_ready()
-    hold = proxy.add(Rule("delay", delay=3, times=1))
+        env={"S3BATCH_HANDLER_MODULES": "tests.fault_handlers"},
+    )
     try:
+        await asyncio.to_thread(stale.wait_ready)
         await asyncio.sleep(1)  # its one poll reaches the server
+        stale.pause()
         for i in range(2):
             s3.put_object(Bucket=src, Key=f"in/b{i}.csv", Body=b"id,name\r\n%d,b\r\n" % i)
         wid = f"stale-r2-{uuid.uuid4().hex[:8]}"
@@ -75,13 +75,6 @@ async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_
             return any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED for e in events)
 
         await wait_for(held, 30, "the frozen worker holding the run's first workflow task")
-        try:
-            await wait_for(lambda: hold.matched, 15, "the stale worker's first request in its workflow task")
-        except AssertionError:
-            print([EventType.Name(e.event_type) for e in await history_events(client, wid)], proxy.entries())
-            stale.terminate()
-            raise
-        stale.pause()
         workers("other")
         r2 = await handle.result()  # after the held task's timeout (10 s), on the other worker
         assert r2["status"] == "succeeded" and r2["totals"]["files_succeeded"] == 2, r2
