@@ -44,6 +44,10 @@ SHORT_RETRY = RetryPolicy(
 )
 """Retries of the short activities."""
 
+LOCAL_STEPS: tuple[Callable[..., Any], ...] = (S3Activities.check_job, S3Activities.list_objects)
+"""The short steps run as local activities: the check (its one write, the output's probe, is the same for every
+attempt of a job) and a page of a prefix, a manifest or a redrive's report (they only read)."""
+
 ArgT = TypeVar("ArgT")
 ResultT = TypeVar("ResultT")
 
@@ -51,14 +55,16 @@ ResultT = TypeVar("ResultT")
 async def short_activity(spec: S3BatchInput, method: Callable[[Any, ArgT], ResultT], arg: ArgT) -> ResultT:
     """Run a short activity (the check, a listing page, a report segment, the report, the ledger) of ``spec``'s job.
 
-    With the patch :data:`LOCAL_SHORT_ACTIVITIES` it is a local activity: the worker running the workflow task
-    runs it and the task goes on, no round trip through the server (a one-file job took five workflow tasks,
-    each 20-30 ms of dispatch and persistence, three of them only to start and end these steps). A worker that
-    dies in one fails its workflow task, which another worker takes after the task's timeout (10 s) and runs
-    the step again: like the heartbeat timeout before. Jobs whose history has no marker here run them as
-    activities, as before.
+    With the patch :data:`LOCAL_SHORT_ACTIVITIES`, the steps of :data:`LOCAL_STEPS` are local activities: the
+    worker running the workflow task runs them and the task goes on, no round trip through the server (a
+    one-file job took five workflow tasks, each 20-30 ms of dispatch and persistence). Only steps that write
+    nothing a later step relies on: a workflow task can be stale (its worker frozen past the task's timeout, the
+    run ended elsewhere meanwhile), and a stale task's local activities all run when it wakes, where an
+    activity is only a command the server refuses (``tests/test_stale_workflow_task.py``). The report, its
+    segments, the ledger and an incremental listing page (what it took is what the ledger advances over) stay
+    activities. Jobs whose history has no marker here run every step as an activity, as before.
     """
-    if workflow.patched(LOCAL_SHORT_ACTIVITIES):
+    if method in LOCAL_STEPS and workflow.patched(LOCAL_SHORT_ACTIVITIES):
         return await workflow.execute_local_activity_method(
             method, arg, start_to_close_timeout=SHORT_TIMEOUT, retry_policy=SHORT_RETRY
         )
