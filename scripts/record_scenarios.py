@@ -499,7 +499,7 @@ CURRENT_ONLY = {
 unless ``--only`` names them."""
 
 PATCHES: dict[str, set[str]] = {
-    "continue_as_new": {"local-short-activities"},
+    "continue_as_new": {"local-check-and-listing"},
     "straggler": {"hand-over-stragglers"},
     "splits": {"split-big-files", "largest-first"},
     "straggler_splits": {"hand-over-splits"},
@@ -510,7 +510,7 @@ PATCHES: dict[str, set[str]] = {
     "hand_over_failed_attempt": {"hand-over-failed-attempt", "hand-over-stragglers"},
     "cancel_in_check": {"report-on-any-cancel"},
     "upgrade_on_new_version": {"upgrade-on-new-version"},
-    "stopped_attempt": {"stopped-attempt", "local-short-activities"},
+    "stopped_attempt": {"stopped-attempt", "local-check-and-listing"},
     "final_report_stands": {"final-report-stands"},
 }
 """The patch markers the runs of a scenario recorded with the working tree must hold (``--current``)."""
