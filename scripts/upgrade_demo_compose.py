@@ -52,7 +52,8 @@ IMAGES = {"v1": "s3batch-worker:0.1.0-v1", "v2": "s3batch-worker:0.1.0-v2"}
 INFRA = ["postgresql", "temporal-schema", "temporal", "temporal-namespace", "seaweedfs", "create-buckets"]
 FILES, ROWS, COPIES = 10, 150_000, 3
 """``long`` reads ``FILES`` files of ``ROWS`` rows ``COPIES`` times over (server-side copies): long enough to
-be running when v2's container has started (about 20 s here: vfs copies the image for each container)."""
+be running when v2's container has started (about 20 s here on the vfs storage driver, which copies the image for
+each container)."""
 CONTAINER = ROOT / "scripts" / "container"
 RUN_DIR = Path(os.environ.get("S3BATCH_CONTAINER_RUN", "/run/s3batch-container"))
 

@@ -29,6 +29,7 @@ from s3batch.dev.stack import PORT_RANGE_ENV, Stack, StackConfig, ensure_buckets
 from s3batch.dev.workers import WorkerProcess
 from s3batch.plugin import S3BatchPlugin
 from s3batch.s3io import make_client
+from tests.helpers.sampled import TracedExamples
 from tests.helpers.workers import record_reliability, worker_process
 
 SERVER_FIXTURES = frozenset({"stack", "s3", "client", "buckets", "worker", "workers", "pg"})
@@ -74,6 +75,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.servers)
     rank = {name: index for index, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's order is kept
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A ``@given`` test traced by coverage for its first examples only (:mod:`tests.helpers.sampled`)."""
+    handle = getattr(getattr(item, "obj", None), "hypothesis", None)
+    if handle is None:
+        return (yield)
+    inner, sample = handle.inner_test, TracedExamples()
+    handle.inner_test = sample.wrap(inner)
+    try:
+        return (yield)
+    finally:
+        handle.inner_test = inner
+        sample.end()
 
 
 @pytest.fixture(scope="session")

@@ -734,9 +734,12 @@ def _advisory_waiters(pg: PostgresServer) -> int:
     return int(n)  # type: ignore[call-overload]
 
 
-def _copying(pg: PostgresServer) -> bool:
-    found = pg.execute("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY %%'")
-    return bool(found[0][0])
+def _copied(pg: PostgresServer) -> int:
+    """The rows a running ``COPY`` has taken so far (0 when none runs). ``COPY`` buffers small rows and writes them to
+    the table (and its unique index) 1,000 at a time: past 2,000, the first 1,000 are surely in the index, where
+    another transaction's insert of the same key waits for this one (before, it may find no such key at all)."""
+    found = pg.execute("SELECT coalesce(max(tuples_processed), 0) FROM pg_stat_progress_copy")
+    return int(found[0][0])  # type: ignore[call-overload]
 
 
 def _deadlocks(pg: PostgresServer) -> int:
@@ -785,7 +788,8 @@ def test_two_chunks_written_at_once_with_a_key_in_both_commit_in_order_and_once(
             if victim == "later":
                 _poll(lambda: _advisory_waiters(pg) == 2, 10)  # chunk 2 copied, waits for chunk 1
             else:
-                _poll(lambda: _copying(pg), 10)  # chunk 2 has written id 7 (its first row) and copies on
+                # chunk 2 has written id 7 (its first row) to the index and copies on, or has copied all
+                _poll(lambda: _copied(pg) > 2_000 or _advisory_waiters(pg) == 2, 10)
             blocker.commit()
             assert earlier.result(timeout=60) == c2
             done = later.result(timeout=60)

@@ -18,7 +18,6 @@ poll waits at the server, it is handed the run's first workflow task (the only w
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +29,14 @@ from s3batch.incremental import Incremental
 from s3batch.models import S3BatchInput
 from tests.helpers import wait_for
 from tests.helpers.history import history_events
+from tests.helpers.jobs import execute, start
 from tests.helpers.output import report
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.workers import ROOT
 
 
 def _snapshot(s3: Any, bucket: str, key: str) -> tuple[str, bytes]:
     got = s3.get_object(Bucket=bucket, Key=key)
     return got["ETag"], got["Body"].read()
-
-
-async def _run(client: Client, job: S3BatchInput, task_queue: str, wid: str) -> dict[str, Any]:
-    handle = await client.start_workflow("S3BatchWorkflow", job, id=wid, task_queue=task_queue, result_type=dict)
-    return await handle.result()  # type: ignore[no-any-return]
 
 
 async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_nothing(
@@ -53,8 +47,8 @@ async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_
         s3.put_object(Bucket=src, Key=f"in/a{i}.csv", Body=b"id,name\r\n%d,a\r\n" % i)
     job = S3BatchInput(bucket=src, prefix="in/", output_bucket=out, output_prefix="o/", incremental=Incremental())
     first = workers("first")
-    r1 = await _run(client, job, task_queue, f"stale-r1-{uuid.uuid4().hex[:8]}")
-    assert r1["status"] == "succeeded" and r1["totals"]["files_succeeded"] == 3, r1
+    r1 = await execute(client, task_queue, job, "stale-r1")
+    assert r1.status == "succeeded" and r1.totals.files_succeeded == 3, r1
     assert first.terminate() == 0
 
     stale = WorkerProcess(
@@ -67,8 +61,8 @@ async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_
         stale.pause()
         for i in range(2):
             s3.put_object(Bucket=src, Key=f"in/b{i}.csv", Body=b"id,name\r\n%d,b\r\n" % i)
-        wid = f"stale-r2-{uuid.uuid4().hex[:8]}"
-        handle = await client.start_workflow("S3BatchWorkflow", job, id=wid, task_queue=task_queue, result_type=dict)
+        handle = await start(client, task_queue, job, "stale-r2")
+        wid = handle.id
 
         async def held() -> bool:
             events = await history_events(client, wid)
@@ -77,10 +71,10 @@ async def test_a_stale_first_workflow_task_answered_after_its_run_ended_changes_
         await wait_for(held, 30, "the frozen worker holding the run's first workflow task")
         workers("other")
         r2 = await handle.result()  # after the held task's timeout (10 s), on the other worker
-        assert r2["status"] == "succeeded" and r2["totals"]["files_succeeded"] == 2, r2
+        assert r2.status == "succeeded" and r2.totals.files_succeeded == 2, r2
         events = await history_events(client, wid)
         assert any(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT for e in events)
-        report_at = r2["report_key"]
+        report_at = r2.report_key
         ledger_at = "o/ledger/ledger.json"
         before = _snapshot(s3, out, report_at), _snapshot(s3, out, ledger_at)
     finally:

@@ -4,7 +4,7 @@ over. The job must finish exactly once: every key once in the report, every outp
 records, no workflow task failure, and no committed chunk processed again.
 
 The previous release is built from git by ``s3batch.dev.releases`` (its own virtual environment, cached
-under ``.stack/releases/``); the test is skipped only when git or the release's tag is missing.
+under ``~/.cache/s3batch-releases/``); the test is skipped only when git or the release's tag is missing.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 
 ``build_release(ref)`` exports the commit ``ref`` names (``git archive``: no worktree to clean up)
 and installs it, not editable, into a virtual environment of its own with ``python -m venv`` and
-``pip install <dir>``; the release's pyproject pins every dependency. The result is cached under
-``.stack/releases/<commit>-py<version>/`` (git-ignored), so only the first run pays for the install.
+``pip install <dir>``; the release's pyproject pins every dependency. The result is cached outside the
+checkout (:data:`CACHE`, one folder per commit and interpreter), so only the first run on a machine pays for
+the install, not every fresh clone of CI.
 ``ReleaseWorker`` runs that release's ``worker.py`` as a real process against the local stack, as
 ``s3batch.dev.workers.WorkerProcess`` runs the current one.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -36,7 +38,12 @@ KNOWN_RELEASES = {"v0.1.0": "282dc19592fd6dcad109bcb583bcddba6092a3c5"}
 """Release tags and the commits they name, for a clone that has the history but not the tags (the tag is
 used where it exists)."""
 
-CACHE = ROOT / ".stack" / "releases"
+CACHE = Path(
+    os.environ.get("S3BATCH_RELEASE_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "s3batch-releases"
+)
+"""Where built releases are kept (``S3BATCH_RELEASE_CACHE``, default ``~/.cache/s3batch-releases``): a release
+is a commit, so its build never goes stale; it is keyed by the interpreter too (the venv links to it)."""
 
 
 class ReleaseUnavailable(Exception):
@@ -94,14 +101,16 @@ def build_release(ref: str = PREVIOUS_RELEASE, *, cache: Path = CACHE) -> Releas
     """
     started = time.monotonic()
     commit = resolve(ref)
-    home = cache / f"{commit[:12]}-py{sys.version_info.major}{sys.version_info.minor}"
+    base = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    interpreter = hashlib.sha256(str(base).encode()).hexdigest()[:8]
+    home = cache / f"{commit[:12]}-py{'.'.join(map(str, sys.version_info[:3]))}-{interpreter}"
     done = home / "complete"
     home.parent.mkdir(parents=True, exist_ok=True)
     # One build at a time per release (parallel test runs), and never a half-built one: a build that
     # was interrupted has no "complete" marker and is redone from scratch.
     with open(home.parent / f"{home.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
+        if not (done.exists() and (home / "venv" / "bin" / "python").resolve().exists()):
             shutil.rmtree(home, ignore_errors=True)
             src, venv = home / "src", home / "venv"
             src.mkdir(parents=True)
