@@ -49,6 +49,7 @@ from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exact, assert_invalid_input, output_check
 from tests.helpers.data import csv_rows, make_csv
 from tests.helpers.history import history_events, scheduled_activities
+from tests.helpers.jobs import job_error
 from tests.helpers.output import committed_parts, read_jsonl, report
 
 pytestmark = pytest.mark.slow
@@ -599,7 +600,7 @@ async def test_missing_output_bucket_fails_before_any_file(
     handle = await start(client, task_queue, S3BatchInput(bucket=src, output_bucket=missing), "nobucket")
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
-    cause = failure.value.cause.cause
+    cause = job_error(failure.value)
     assert cause.type == "NotFound"
     assert f"s3://{missing}" in cause.message and "bucket does not exist" in cause.message
     assert scheduled_activities(await history_events(client, handle.id)) == ["s3batch.check_job"]
@@ -643,7 +644,7 @@ async def test_read_only_output_bucket(
     events = await history_events(client, handle.id)
     # The job fails with AccessDenied naming the output bucket and what permission to grant, and no
     # output object exists: nothing half-written is left behind.
-    cause = failure.value.cause.cause
+    cause = job_error(failure.value)
     assert cause.type == "AccessDenied"
     assert f"s3://{out}/" in cause.message and "s3:PutObject" in cause.message
     assert s3.list_objects_v2(Bucket=out).get("KeyCount") == 0
@@ -972,7 +973,7 @@ async def test_missing_source_bucket_fails_before_any_file(
     handle = await start(client, task_queue, job(missing, out, prefix="in/"), "nosource")
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
-    cause = failure.value.cause.cause
+    cause = job_error(failure.value)
     assert cause.type == "NotFound"
     assert f"s3://{missing}/in/" in cause.message and "the bucket does not exist" in cause.message
     # Only the check ran, and it stopped before writing anything.
@@ -1003,7 +1004,7 @@ async def test_unreadable_source_bucket_fails_before_any_file(
             with pytest.raises(WorkflowFailureError) as failure:
                 await handle.result()
         reads = object_gets(proxy, src)
-    cause = failure.value.cause.cause
+    cause = job_error(failure.value)
     assert cause.type == "AccessDenied"
     assert f"s3://{src}/in/" in cause.message and "s3:ListBucket" in cause.message
     assert rule.fired == 1, "a denied listing is not retried"
@@ -1031,7 +1032,7 @@ async def test_unknown_handler_fails_before_any_file(
     handle = await start(client, task_queue, job(src, out, prefix="in/", handler="no-such-handler"), "nohandler")
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
-    cause = failure.value.cause.cause
+    cause = job_error(failure.value)
     assert cause.type == "UnknownHandler"
     assert "no-such-handler" in cause.message
     assert scheduled_activities(await history_events(client, handle.id)) == ["s3batch.check_job"]

@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 
 import tests.fault_handlers as fault_handlers
 from s3batch.models import S3BatchInput
-from tests.helpers.jobs import execute
+from tests.helpers.jobs import execute, job_error
 from tests.helpers.output import read_jsonl, report
 
 
@@ -182,8 +182,9 @@ async def test_redrive_of_a_missing_report_fails_before_any_file(
     try:
         await execute(client, task_queue, job)
     except WorkflowFailureError as err:
-        assert err.cause.cause.type == "NotFound"
-        assert f"s3://{out}/nope/_report.json" in err.cause.cause.message
+        cause = job_error(err)
+        assert cause.type == "NotFound"
+        assert f"s3://{out}/nope/_report.json" in cause.message
     else:
         raise AssertionError("expected a failure")
 

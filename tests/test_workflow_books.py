@@ -28,6 +28,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from s3batch.client.control import update_when_ready
 from s3batch.dev.stack import Stack
 from s3batch.errors import ACCOUNTING_ERROR
 from s3batch.messages import (
@@ -264,7 +265,7 @@ async def _start(
 async def _update(handle: WorkflowHandle[Any, Any], name: str, *args: Any) -> bool:
     """Run an update; False when the job has ended meanwhile (an update then fails: that is fine)."""
     try:
-        await handle.execute_update(name, *args)
+        await update_when_ready(handle, name, list(args), dict)
     except Exception as err:
         if (await handle.describe()).status.name == "RUNNING":
             events = await history_events(handle._client, handle.id)

@@ -51,7 +51,7 @@ with workflow.unsafe.imports_passed_through():
         largest_first,
         next_group,
         run_is_full,
-        short_options,
+        short_activity,
         start_file_activity,
     )
     from s3batch.workflows.splits import run_splits, split_count, split_outcome
@@ -134,9 +134,7 @@ class S3BatchWorkflow:
         st = self._state
         self._update_details()
         if st.run == 0:
-            check = await workflow.execute_activity_method(
-                S3Activities.check_job, JobSpec.of(spec), **short_options(spec)
-            )
+            check = await short_activity(spec, S3Activities.check_job, JobSpec.of(spec))
             keep_check(st, check, workflow.info().typed_search_attributes.get(sa.SOURCE) is not None)
             self._index.checked_source = source_of(check)
             # Jobs started by this release keep key digests; older ones are checked by counts only.
@@ -342,7 +340,8 @@ class S3BatchWorkflow:
         st = self._state
         spec = self._spec
         if self._books.results:
-            await workflow.execute_activity_method(
+            await short_activity(
+                spec,
                 S3Activities.write_report_segment,
                 ReportSegmentInput(
                     output_bucket=spec.output_bucket,
@@ -350,7 +349,6 @@ class S3BatchWorkflow:
                     segment=st.report_segments,
                     files=self._books.results,
                 ),
-                **short_options(spec),
             )
             st.report_segments += 1
         st.run += 1

@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.schedule import listing_input, short_options
+    from s3batch.workflows.schedule import listing_input, short_activity
 
     from s3batch.incremental import ListIncrementalInput, WriteLedgerInput, ledger_uri
     from s3batch.messages import JobState, ListObjectsResult
@@ -19,11 +19,7 @@ async def list_page(spec: S3BatchInput, given: S3BatchInput, st: JobState, page_
     """The next listing page of the job: of its incremental listing, or of its prefix (or manifest, or report)."""
     if spec.incremental is not None:
         return await list_incremental_page(spec, given, st.continuation_token, page_size)
-    return await workflow.execute_activity_method(
-        S3Activities.list_objects,
-        listing_input(spec, st, page_size),
-        **short_options(spec),
-    )
+    return await short_activity(spec, S3Activities.list_objects, listing_input(spec, st, page_size))
 
 
 async def list_incremental_page(
@@ -32,7 +28,8 @@ async def list_incremental_page(
     """A page of an incremental job's listing, cut by its ledger (``given``: the job as given, whose
     output prefix holds the ledger; ``spec`` writes under its run's own)."""
     assert spec.incremental is not None
-    return await workflow.execute_activity_method(
+    return await short_activity(
+        spec,
         S3Activities.list_incremental,
         ListIncrementalInput(
             bucket=spec.bucket,
@@ -47,7 +44,6 @@ async def list_incremental_page(
             job_id=workflow.info().workflow_id,
             execution=workflow.info().first_execution_run_id,
         ),
-        **short_options(spec),
     )
 
 
@@ -58,7 +54,8 @@ async def write_ledger(
     command for another job)."""
     if spec.incremental is None:
         return
-    await workflow.execute_activity_method(
+    await short_activity(
+        spec,
         S3Activities.write_ledger,
         WriteLedgerInput(
             ledger=ledger_uri(given.output_bucket, given.output_prefix, spec.incremental),
@@ -72,5 +69,4 @@ async def write_ledger(
             status=status,
             listing_done=listing_done,
         ),
-        **short_options(spec),
     )

@@ -56,3 +56,9 @@ FINAL_REPORT_STANDS = "final-report-stands"
 that: the report is written with the status it was begun with and the job ends so (before: the report activity was
 cancelled and a ``cancelled`` report written, which the first attempt, still running on a frozen worker, then
 overwrote with ``succeeded``: the job ended cancelled, its report saying succeeded; found by the soak, seed 79)."""
+LOCAL_SHORT_ACTIVITIES = "local-check-and-listing"
+"""The job's check and the pages of a prefix, a manifest or a redrive's report are local activities, run by the
+worker of the workflow task that asks for them, the task going on without a round trip through the server (a
+one-file job: five workflow tasks -> three). Steps that write what a later step relies on (the report, its
+segments, the ledger, an incremental listing page) stay activities: a stale workflow task would run them on
+waking (``workflows.schedule.LOCAL_STEPS``; an earlier form made them local too, and lost a run's report)."""

@@ -13,7 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
     from s3batch.workflows.patches import FINAL_REPORT_STANDS
-    from s3batch.workflows.schedule import short_options
+    from s3batch.workflows.schedule import short_activity
 
     from s3batch.errors import ACCOUNTING_ERROR
     from s3batch.messages import FileResult, FinalReportInput, JobState, Totals
@@ -47,7 +47,8 @@ async def write_report(spec: S3BatchInput, st: JobState, status: JobStatus, file
         ApplicationError: ``AccountingError``, the report does not hold every listed key exactly once.
     """
     try:
-        return await workflow.execute_activity_method(
+        return await short_activity(
+            spec,
             S3Activities.write_report,
             FinalReportInput(
                 job_id=workflow.info().workflow_id,
@@ -61,7 +62,6 @@ async def write_report(spec: S3BatchInput, st: JobState, status: JobStatus, file
                 last_listed_key=st.last_listed_key,
                 continuation_token=None if st.listing_done else st.continuation_token,
             ),
-            **short_options(spec),
         )
     except ActivityError as err:
         # The report was written but does not hold every listed key exactly once: the job fails

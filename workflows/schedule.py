@@ -1,12 +1,13 @@
-"""How the workflow runs its activities: the options of the short activities and of the file
-activities, the input of a file activity and the start of one, which pending files go together into
-one activity (a group of small files), and when a run is full. Nothing here awaits: but for
-:func:`start_file_activity`, these are pure functions."""
+"""How the workflow runs its activities: the short activities (:func:`short_activity`) and the options of the
+file activities, the input of a file activity and the start of one, which pending files go together into one
+activity (a group of small files), and when a run is full. Nothing else here awaits: but for
+:func:`short_activity` and :func:`start_file_activity`, these are pure functions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -14,7 +15,12 @@ from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
     from s3batch.activities.s3_activities import S3Activities
-    from s3batch.workflows.patches import LARGEST_FIRST, SHORT_ACTIVITIES_HEARTBEAT, UPGRADE_ON_NEW_VERSION
+    from s3batch.workflows.patches import (
+        LARGEST_FIRST,
+        LOCAL_SHORT_ACTIVITIES,
+        SHORT_ACTIVITIES_HEARTBEAT,
+        UPGRADE_ON_NEW_VERSION,
+    )
 
     from s3batch.errors import NON_RETRYABLE_TYPES
     from s3batch.messages import (
@@ -37,6 +43,32 @@ SHORT_RETRY = RetryPolicy(
     non_retryable_error_types=NON_RETRYABLE_TYPES,
 )
 """Retries of the short activities."""
+
+LOCAL_STEPS: tuple[Callable[..., Any], ...] = (S3Activities.check_job, S3Activities.list_objects)
+"""The short steps run as local activities: the check (its one write, the output's probe, is the same for every
+attempt of a job) and a page of a prefix, a manifest or a redrive's report (they only read)."""
+
+ArgT = TypeVar("ArgT")
+ResultT = TypeVar("ResultT")
+
+
+async def short_activity(spec: S3BatchInput, method: Callable[[Any, ArgT], ResultT], arg: ArgT) -> ResultT:
+    """Run a short activity (the check, a listing page, a report segment, the report, the ledger) of ``spec``'s job.
+
+    With the patch :data:`LOCAL_SHORT_ACTIVITIES`, the steps of :data:`LOCAL_STEPS` are local activities: the
+    worker running the workflow task runs them and the task goes on, no round trip through the server (a
+    one-file job took five workflow tasks, each 20-30 ms of dispatch and persistence). Only steps that write
+    nothing a later step relies on: a workflow task can be stale (its worker frozen past the task's timeout, the
+    run ended elsewhere meanwhile), and a stale task's local activities all run when it wakes, where an
+    activity is only a command the server refuses (``tests/test_stale_workflow_task.py``). The report, its
+    segments, the ledger and an incremental listing page (what it took is what the ledger advances over) stay
+    activities. Jobs whose history has no marker here run every step as an activity, as before.
+    """
+    if method in LOCAL_STEPS and workflow.patched(LOCAL_SHORT_ACTIVITIES):
+        return await workflow.execute_local_activity_method(
+            method, arg, start_to_close_timeout=SHORT_TIMEOUT, retry_policy=SHORT_RETRY
+        )
+    return await workflow.execute_activity_method(method, arg, **short_options(spec))
 
 
 def short_options(spec: S3BatchInput) -> dict[str, Any]:

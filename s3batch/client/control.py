@@ -6,15 +6,46 @@ ID`` does the same (``set_concurrency`` takes ``--input N``).
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from typing import Any, TypeVar
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.api.errordetails.v1 import WorkflowNotReadyFailure
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from s3batch.client.errors import ControlRejected, JobNotRunning
 from s3batch.client.jobs import describe_run, status_word
 from s3batch.messages import Progress
+
+T = TypeVar("T")
+
+NOT_READY_WAIT = 30.0
+"""How long an update waits for a job whose workflow task is being retried (seconds)."""
+
+
+def not_ready(err: RPCError) -> bool:
+    """Whether the server refused an update because the job's last workflow task failed and is being retried: an
+    update (or an activity's end) arrived while that task was ending the job, or its worker died in it. The job is
+    running; the update is taken once a task of it completes."""
+    details = err.grpc_status.details
+    return bool(details) and details[0].Is(WorkflowNotReadyFailure.DESCRIPTOR)
+
+
+async def update_when_ready(handle: WorkflowHandle[Any, Any], name: str, args: list[Any], result_type: type[T]) -> T:
+    """Run the update ``name`` of a running job, trying again for up to :data:`NOT_READY_WAIT` seconds while the
+    server says the job is not ready for it (:func:`not_ready`). Any other error is raised as it is."""
+    deadline = time.monotonic() + NOT_READY_WAIT
+    delay = 0.1
+    while True:
+        try:
+            return await handle.execute_update(name, args=args, result_type=result_type)
+        except RPCError as err:
+            if not not_ready(err) or time.monotonic() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> str:
@@ -33,7 +64,7 @@ async def _update(client: Client, workflow_id: str, name: str, *args: Any) -> Pr
     """
     handle, _ = await describe_run(client, workflow_id)
     try:
-        return await handle.execute_update(name, args=list(args), result_type=Progress)
+        return await update_when_ready(handle, name, list(args), Progress)
     except WorkflowUpdateFailedError as err:
         raise ControlRejected(f"{name} rejected: {_rejection(err)}") from None
     except RPCError as err:

@@ -4,6 +4,7 @@ all its text."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,12 +27,27 @@ async def history_events(client: Client, workflow_id: str) -> list[Any]:
 
 
 def scheduled_activities(events: list[Any]) -> list[str]:
-    """Activity type names in the order they were scheduled."""
-    return [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    """Activity type names in the order they were scheduled, local activities (the short steps: the check, listing
+    pages, the report) included: those are in the history as the markers of their results."""
+    names = []
+    for e in events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+        elif (ran := local_activity(e)) is not None:
+            names.append(str(ran["activity_type"]))
+    return names
+
+
+def local_activity(event: Any) -> dict[str, Any] | None:
+    """What the marker of a local activity says of it (``activity_type``, its last ``attempt``...: the marker's
+    ``data`` detail, JSON); None for any other event."""
+    if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED:
+        return None
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != "core_local_activity":
+        return None
+    data: dict[str, Any] = json.loads(marker.details["data"].payloads[0].data)
+    return data
 
 
 async def runs_of(client: Client, handle: WorkflowHandle[Any, Any]) -> list[list[Any]]:

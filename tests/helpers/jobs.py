@@ -8,6 +8,7 @@ from typing import Any
 
 from s3batch.workflows.batch import S3BatchWorkflow
 from temporalio.client import Client, WorkflowHandle
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from s3batch.messages import Progress, S3BatchResult
 from s3batch.models import S3BatchInput
@@ -60,3 +61,13 @@ async def until(check: Callable[[Progress], bool], handle: WorkflowHandle[Any, A
         return p if check(p) else None
 
     return await wait_for(holds, timeout, f"a progress of {handle.id} that passes the check")
+
+
+def job_error(err: BaseException) -> ApplicationError:
+    """The error a failed job's step raised, under the wrappers Temporal adds: the workflow failure, and an
+    ``ActivityError`` where the step was an activity (a local activity's error is the job's failure itself)."""
+    cause = getattr(err, "cause", None)
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    assert isinstance(cause, ApplicationError), f"the job failed with {cause!r}, not an ApplicationError"
+    return cause
