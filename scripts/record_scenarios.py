@@ -350,21 +350,18 @@ async def hand_over_failed_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     return handle, "succeeded"
 
 
-async def _cancelled_in(
-    ctx: Ctx, name: str, activity: str, after: str | None = None, delay: float = 1.5
-) -> tuple[WorkflowHandle, str]:
-    """Start scenario ``name``'s job of one small file on a worker whose S3 requests a proxy holds ``delay`` seconds
-    each, cancel it once its ``activity`` is in flight, and say how it ended. In flight: scheduled (an activity), or,
-    a local activity (patch ``local-short-activities``: it has no event until its workflow task ends), once the
-    workflow task that runs it has been started for a moment: the job's first task (``after`` None), or the first
-    after the end of an activity ``after`` names."""
+async def _cancelled_in(ctx: Ctx, name: str, activity: str) -> tuple[WorkflowHandle, str]:
+    """Start scenario ``name``'s job of one small file on a worker whose S3 requests a proxy holds 1.5 s each, cancel
+    it once its ``activity`` is in flight, and say how it ended. In flight: scheduled (an activity), or, for the
+    check (a local activity with the patch ``local-check-and-listing``: it has no event until its workflow task
+    ends), once the job's first workflow task has been started for a moment."""
     from scripts.benchmark.latency import LatencyProxy
 
     src, out = ctx.buckets(name.replace("_", "-"))
     ctx.put(src, {"in/00.csv": csv_rows(20, name=CANARY)})
     queue = f"{ctx.task_queue}-slow-s3"
     s3_port = int(os.environ["AWS_ENDPOINT_URL_S3"].rsplit(":", 1)[1])
-    with LatencyProxy(s3_port, delay) as proxy:
+    with LatencyProxy(s3_port, 1.5) as proxy:
         worker = ctx.worker(queue, "slow-s3", AWS_ENDPOINT_URL_S3=proxy.endpoint)
         try:
             handle = await ctx.start(name, _job(src, out), queue=queue)
@@ -378,14 +375,14 @@ async def _cancelled_in(
                 ]
                 if activity in scheduled:
                     return True
-                ended = any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED for e in events)
-                if after is not None and not (ended and after in scheduled):
+                if activity != "s3batch.check_job":  # an activity is in the history once scheduled
                     return False
+                # The check, a local activity: in flight while the job's first workflow task is.
                 task = (await handle.describe()).raw_description.pending_workflow_task
                 started = task.state == PendingWorkflowTaskState.PENDING_WORKFLOW_TASK_STATE_STARTED
                 return started and time.time() - task.started_time.ToSeconds() > 0.5
 
-            await _wait(in_flight, f"the job's {activity} in flight", timeout=max(120, 30 * delay))
+            await _wait(in_flight, f"the job's {activity} in flight", timeout=120)
             await handle.cancel()
             return handle, await result(handle)
         finally:
@@ -449,16 +446,8 @@ async def stopped_attempt(ctx: Ctx) -> tuple[WorkflowHandle, str]:
 async def final_report_stands(ctx: Ctx) -> tuple[WorkflowHandle, str]:
     """Cancelled while its final report is being written (patch ``final-report-stands``): the job ends with the
     status its report was begun with, ``succeeded`` (before the patch: the report activity was cancelled and a
-    ``cancelled`` report written, the job ``CancelledError``; ``PATCHES`` requires the marker of the first).
-
-    The report is a local activity (patch ``local-short-activities``): a cancel reaches the workflow while it
-    runs only once its workflow task has lasted long enough for the worker to renew the task (8 s of the task's
-    10 s timeout), hence S3 requests of 12 s each here (the report's write is one). (A cancel arriving in a
-    shorter task fails the task's completion of the job: the task is run again with the cancel, and the job ends
-    cancelled, its report rewritten so.)"""
-    return await _cancelled_in(
-        ctx, "final_report_stands", "s3batch.write_report", after="s3batch.process_file", delay=12.0
-    )
+    ``cancelled`` report written, the job ``CancelledError``; ``PATCHES`` requires the marker of the first)."""
+    return await _cancelled_in(ctx, "final_report_stands", "s3batch.write_report")
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[tuple[WorkflowHandle, str]]]] = {

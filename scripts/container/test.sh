@@ -37,7 +37,8 @@ cleanup() {
     docker rmi -f "$IMAGE" >/dev/null 2>&1 || true
     docker image prune -f >/dev/null 2>&1 || true
     # The build cache stays, up to 3 GB (least recently used first out): the next build reuses the layer of
-    # the locked dependencies (its pip install: 28 s alone, 117 s beside the suite) until requirements.lock or pyproject.toml changes.
+    # the locked dependencies (its pip install: 28 s alone, 117 s beside the suite) until requirements.lock
+    # or pyproject.toml changes.
     builder builder prune -af --keep-storage 3GB >/dev/null 2>&1 || true
     scripts/container/engine.sh stop || true
 }

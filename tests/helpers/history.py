@@ -27,8 +27,8 @@ async def history_events(client: Client, workflow_id: str) -> list[Any]:
 
 
 def scheduled_activities(events: list[Any]) -> list[str]:
-    """Activity type names in the order they were scheduled, local activities (the short steps: the check, listing
-    pages, the report) included: those are in the history as the markers of their results."""
+    """Activity type names in the order they were scheduled, local activities (the check and the listing pages of a
+    prefix, a manifest or a redrive) included: those are in the history as the markers of their results."""
     names = []
     for e in events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
