@@ -11,7 +11,8 @@ the handler in ``handling``; checkpoints in :mod:`s3batch.checkpoint`, the repor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -55,6 +56,15 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from s3batch.sinks.postgres_pools import PostgresPools
+
+
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """The results of ``calls``, run at once (the first in this thread). All end before any error is raised, and
+    the first call to fail, in their order, raises it: as if they had run one by one."""
+    with ThreadPoolExecutor(max(1, len(calls) - 1), thread_name_prefix="s3batch-check") as pool:
+        later = [pool.submit(call) for call in calls[1:]]
+        first = calls[0]()  # leaving the block waits for the others, whether or not this raised
+    return [first, *(f.result() for f in later)]
 
 
 class S3Activities:
@@ -122,26 +132,18 @@ class S3Activities:
             from s3batch.sinks.postgres_pools import check_sink
 
             check_sink(job.sink, self.pools)  # a connection this worker lacks, a missing table: fail at start
-        manifest_version = None
-        try:
-            if job.manifest:
-                manifest_version = check_manifest(self.s3, job.manifest, self.settings)
-            else:
-                self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "listing", job.bucket, job.prefix or None)
+        job_id = activity.info().workflow_id or ""  # None only for a standalone activity
+        # The reads are independent: they are asked at once (a job's start waits for the slowest, not for their
+        # sum), and a failure is raised in this order, as if they had run one by one.
+        manifest_version, _, _ = at_once(
+            lambda: self._check_source(job),
+            lambda: self._check_output_bucket(job),
+            lambda: check_output_free(self.s3, job, job_id),  # before the probe, which names this job the owner
+        )
         # The bucket must exist (some S3 servers create it on the first PUT), and a tiny write proves
         # it is writable before any file is read (a read-only bucket would otherwise fail every
         # file, and then the report).
         probe = layout.write_check_key(job.output_prefix)
-        try:
-            # A LIST of the output prefix, not a HEAD of the bucket: a policy scoped to the prefix
-            # (deploy/iam) allows it, and a missing bucket still answers NoSuchBucket.
-            self.s3.list_objects_v2(Bucket=job.output_bucket, Prefix=job.output_prefix, MaxKeys=1)
-        except (ClientError, BotoCoreError) as err:
-            raise_s3_error(err, "checking the output bucket", job.output_bucket)
-        job_id = activity.info().workflow_id or ""  # None only for a standalone activity
-        check_output_free(self.s3, job, job_id)  # before the probe: it names this job as the output's owner
         try:
             self.s3.put_object(
                 Bucket=job.output_bucket,
@@ -161,6 +163,25 @@ class S3Activities:
             source=sa.source_value(job.bucket, job.prefix, self.source_keys),
             manifest_version=manifest_version,
         )
+
+    def _check_source(self, job: JobSpec) -> str | None:
+        """The source can be listed (a manifest: read whole, see ``check_manifest``); the manifest's version."""
+        try:
+            if job.manifest:
+                return check_manifest(self.s3, job.manifest, self.settings)
+            self.s3.list_objects_v2(Bucket=job.bucket, Prefix=job.prefix, MaxKeys=1)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "listing", job.bucket, job.prefix or None)
+        return None
+
+    def _check_output_bucket(self, job: JobSpec) -> None:
+        """The output bucket exists and the output prefix can be listed."""
+        try:
+            # A LIST of the output prefix, not a HEAD of the bucket: a policy scoped to the prefix
+            # (deploy/iam) allows it, and a missing bucket still answers NoSuchBucket.
+            self.s3.list_objects_v2(Bucket=job.output_bucket, Prefix=job.output_prefix, MaxKeys=1)
+        except (ClientError, BotoCoreError) as err:
+            raise_s3_error(err, "checking the output bucket", job.output_bucket)
 
     @activity.defn(name="s3batch.list_objects")
     @boundary(keepalive=True)
