@@ -21,10 +21,11 @@ _COLUMNS = ["case", "metric", "s3batch", "baseline", "ratio", "target", "verdict
 def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     # Cases 1, 3, 7 and 8 cover the plain baselines, an s3batch job on a worker process, the history
-    # walk, a cancelled job and the JSON; 14 the S3 clients side by side, 15 the latency proxy and a worker
-    # behind it; the crash and two-worker cases start many processes and take too long here.
+    # walk, a cancelled job and the JSON; 13 the one-file job's history and the floor workflow; 14 the S3 clients
+    # side by side, 15 the latency proxy and a worker behind it; the crash and two-worker cases start many
+    # processes and take too long here.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--cases", "1,3,7,8,14,15",
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--cases", "1,3,7,8,13,14,15",
          "--json", str(out), "--root", str(tmp_path / "bench")],
         cwd=ROOT,
         env=unmeasured(),  # its workers untraced by coverage, as when the bench is run
@@ -38,18 +39,20 @@ def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     assert header == _COLUMNS
     body = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert {row[0].split(".")[0] for row in body} == {"1", "3", "7", "8", "14", "15"}
+    assert {row[0].split(".")[0] for row in body} == {"1", "3", "7", "8", "13", "14", "15"}
     assert all(len(row) == len(_COLUMNS) and row[2] for row in body)
 
     data = json.loads(out.read_text())
     assert data["quick"] is True
-    assert data["cases"] == [1, 3, 7, 8, 14, 15]
+    assert data["cases"] == [1, 3, 7, 8, 13, 14, 15]
     assert data["machine"]["cpu_count"] >= 1
     assert data["machine"]["packages"]["temporalio"]
     assert [list(row) for row in data["table"]] == [_COLUMNS] * len(data["table"])
     assert len(data["table"]) == len(body)
     results = data["results"]
-    assert set(results) == {"1_big_file", "3_small_files", "7_history", "8_responsiveness", "14_clients", "15_latency"}
+    assert set(results) == {
+        "1_big_file", "3_small_files", "7_history", "8_responsiveness", "13_scaling", "14_clients", "15_latency"
+    }
     big = results["1_big_file"]
     assert big["plain_rows_per_s"] > 0 and big["s3batch_rows_per_s"] > 0 and big["ratio"] > 0
     assert results["3_small_files"]["files"] == data["sizes"]["small_files"]
@@ -61,6 +64,10 @@ def test_bench_quick_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
     assert responsive["checkpoint_changes"] >= 0 and responsive["all_cancelled"]
     assert [c["status"] for c in responsive["cancels"]] == ["CANCELED"] * data["sizes"]["resp_cancels"]
     assert all(0 <= c["stopped_s"] <= c["closed_s"] for c in responsive["cancels"])
+    one_file = results["13_scaling"]["by_size"][0]  # taken apart from its history, beside the floor workflow
+    assert one_file["floor_seconds"] > 0 and one_file["phases"]["first_task"] > 0
+    assert set(one_file["phases"]["activities"]) == {"s3batch.process_file", "s3batch.write_report"}
+    assert 0 < sum(one_file["phases"]["activities"].values()) < one_file["phases"]["history"]
     clients = results["14_clients"]["ms_per_file_cpu_wall"]
     assert {"boto3 (make_client)", "boto3 tuned", "obstore"} <= set(clients)
     latency = results["15_latency"]
