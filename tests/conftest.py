@@ -13,6 +13,7 @@ another worker's. Tests that need a server (a fixture of the stack or a PostgreS
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -163,10 +164,26 @@ async def worker(client: Client, task_queue: str) -> AsyncIterator[Worker]:
 FAULT_SUITE_HANDLERS = "tests.slow_handlers,tests.fault_handlers"
 
 
+CALL_FAILED = pytest.StashKey[bool]()
+"""Set on a test item whose call (the test's body) failed: its fixtures' teardown may then say more."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[CALL_FAILED] = True
+    return report
+
+
 @pytest.fixture
-def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+def workers(
+    request: pytest.FixtureRequest, task_queue: str, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker subprocesses (``worker_process``) on this test's task queue, each awaited until
-    it polls, with the slow and fault test handlers; all are stopped at the end."""
+    it polls, with the slow and fault test handlers; all are stopped at the end. When the test failed,
+    the end of each worker's log is printed with it (a failure seen once in CI can be read afterwards:
+    the SDK logs there why a workflow task failed)."""
     started: list[WorkerProcess] = []
 
     def start(name: str, **env: str) -> WorkerProcess:
@@ -178,6 +195,9 @@ def workers(task_queue: str, tmp_path: Path) -> Iterator[Callable[..., WorkerPro
     yield start
     for proc in started:
         proc.stop()
+    if request.node.stash.get(CALL_FAILED, False):
+        for proc in started:
+            print(f"---- the end of worker {proc.name}'s log ----\n{proc.log()[-6000:]}", file=sys.stderr)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import contextlib
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -48,7 +49,7 @@ from tests.fault_handlers import handled_records
 from tests.helpers import wait_for
 from tests.helpers.assertions import assert_exact, assert_invalid_input, output_check
 from tests.helpers.data import csv_rows, make_csv
-from tests.helpers.history import history_events, scheduled_activities
+from tests.helpers.history import history_events, history_outline, scheduled_activities
 from tests.helpers.jobs import job_error
 from tests.helpers.output import committed_parts, read_jsonl, report
 
@@ -204,7 +205,12 @@ async def test_workflow_worker_sigkilled_while_continue_as_new_is_due(
         progress = await client.get_workflow_handle(handle.id).query(S3BatchWorkflow.progress)
         return progress.run >= n and progress.files_in_flight > 0
 
-    await wait_for(lambda: in_run(1), 120, "files in flight in run 1 after the kill", interval=0.1)
+    try:
+        await wait_for(lambda: in_run(1), 120, "files in flight in run 1 after the kill", interval=0.1)
+    except Exception:
+        # Seen once in CI: a Nondeterminism error in answer to the query. The history, to read it afterwards.
+        print(await history_outline(client, handle.id), file=sys.stderr)
+        raise
     recover = round(time.monotonic() - killed, 1)
     # Again, in the next run, with its continue-as-new due.
     b.kill()

@@ -26,6 +26,23 @@ async def history_events(client: Client, workflow_id: str) -> list[Any]:
     return events
 
 
+async def history_outline(client: Client, workflow_id: str) -> str:
+    """Every run of a workflow, an event a line (ID, type, the worker of a workflow task, an activity's type, a
+    marker's name, a timer's ID, a failure's message): what a test that failed once in CI prints, to be read
+    afterwards."""
+    lines: list[str] = []
+    runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    for run_ in sorted(runs, key=lambda r: r.start_time):
+        lines.append(f"run {run_.run_id} ({run_.status.name if run_.status else 'running'})")
+        for e in (await client.get_workflow_handle(workflow_id, run_id=run_.run_id).fetch_history()).events:
+            attributes = MessageToDict(e)
+            detail = next((v for k, v in attributes.items() if k.endswith("Attributes")), {})
+            keys = ("identity", "activityType", "markerName", "timerId", "failure", "cause")
+            said = [str(detail[k])[:160] for k in keys if k in detail]
+            lines.append(f"  {e.event_id} {EventType.Name(e.event_type).removeprefix('EVENT_TYPE_')} {' '.join(said)}")
+    return "\n".join(lines)
+
+
 def scheduled_activities(events: list[Any]) -> list[str]:
     """Activity type names in the order they were scheduled, local activities (the check and the listing pages of a
     prefix, a manifest or a redrive) included: those are in the history as the markers of their results."""
