@@ -309,7 +309,7 @@ async def progress(client: Client, workflow_id: str) -> Progress | None:
     Asked then, the query would reach a worker that has not got the job yet, with a file's completion in the
     history that no workflow task has handled: the SDK (1.35) applies it while it answers, and the commands it
     then records are not the ones a replay of the history gives, so the job fails with a nondeterminism error
-    the next time a worker replays it (docs/explanation/reliability.md, "Queries while a worker takes over").
+    the next time a worker replays it (docs/explanation/guarantees.md, "Queries while a worker takes over").
     A workflow task is pending for milliseconds on a job with its worker, so this waits only during a takeover.
     """
     handle = client.get_workflow_handle(workflow_id)
