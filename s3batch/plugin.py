@@ -180,8 +180,10 @@ class S3BatchPlugin(SimplePlugin):
     def _add_workflows(self, existing: Sequence[type] | None) -> list[type]:
         # Imported here, with the activities: a client given the plugin (s3batch status) needs only the data
         # converter, not the workflow's and activities' imports (pyarrow, psycopg, obstore: about 0.5 s).
+        from s3batch.sdk_workarounds import evict_after_legacy_queries
         from s3batch.workflows.batch import S3BatchWorkflow
 
+        evict_after_legacy_queries()  # a worker that runs the workflow: the SDK's query hazard, worked around
         return [*(existing or []), S3BatchWorkflow]
 
     def _add_activities(self, existing: Sequence[Callable[..., Any]] | None) -> list[Callable[..., Any]]:

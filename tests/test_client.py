@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 import pytest
-from temporalio import client as client_interceptors
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -164,50 +163,3 @@ async def test_a_report_overwritten_by_something_else_is_refused_by_name_without
     r = await run("s3batch", "report", wid)
     assert r.code == 8 and f"s3://{out}/o/_report.json is not an s3batch job report" in r.stderr, r
     assert "Traceback" not in r.stderr, r
-
-
-class _CountQueries(client_interceptors.Interceptor):
-    """Records the name of every query the client sends."""
-
-    def __init__(self) -> None:
-        self.queries: list[str] = []
-
-    def intercept_client(
-        self, next: client_interceptors.OutboundInterceptor
-    ) -> client_interceptors.OutboundInterceptor:
-        return _QueryCounter(next, self.queries)
-
-
-class _QueryCounter(client_interceptors.OutboundInterceptor):
-    def __init__(self, next: client_interceptors.OutboundInterceptor, queries: list[str]) -> None:
-        super().__init__(next)
-        self.queries = queries
-
-    async def query_workflow(self, input: client_interceptors.QueryWorkflowInput) -> Any:
-        self.queries.append(input.query)
-        return await super().query_workflow(input)
-
-
-async def test_progress_asks_no_query_while_the_jobs_workflow_task_waits_for_a_worker(
-    client: Client, s3: Any, buckets: tuple[str, str], monkeypatch: pytest.MonkeyPatch
-):
-    """A query reaching a worker that has not got the job, while an event waits for its workflow task, can make the
-    SDK record commands a replay does not give (docs/explanation/guarantees.md, "Queries while a worker takes
-    over"): ``progress`` asks only once the job has no pending workflow task."""
-    monkeypatch.setattr("s3batch.client.jobs.QUERY_SETTLE_SECONDS", 0.5)
-    counter = _CountQueries()
-    counted = Client(**{**client.config(), "interceptors": [counter]})
-    src, out = buckets
-    upload_chunks(s3, src, "in/a.csv", customers_csv(100, seed=3))
-    queue = f"tq-nobody-{uuid.uuid4().hex[:8]}"
-    started = await api.start(counted, slow_job(src, out), task_queue=queue)
-    # No worker polls the queue: the job's first workflow task waits, and no query is sent.
-    assert await api.progress(counted, started.workflow_id) is None
-    assert counter.queries == []
-    view = await api.describe(counted, started.workflow_id)
-    assert view.status == "running" and view.progress is None and counter.queries == []
-    # A worker comes: once it has answered the task, the query is asked and answered.
-    async with Worker(counted, task_queue=queue, max_concurrent_activities=2):
-        answered = await wait_for(lambda: api.progress(counted, started.workflow_id), 60, "an answer to progress")
-        assert answered.files_listed == 1 and counter.queries and set(counter.queries) == {"progress"}
-        await api.outcome(counted, started.workflow_id)

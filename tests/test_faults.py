@@ -207,7 +207,8 @@ async def test_workflow_worker_sigkilled_while_continue_as_new_is_due(
     async def in_next_run() -> bool:
         # From the server's description, not the progress query: a query answered by a worker that has not got
         # the run yet, while a file's completion waits for its workflow task, is the SDK's hazard in
-        # docs/explanation/guarantees.md ("Queries while a worker takes over"); this test is about the kill.
+        # docs/explanation/guarantees.md ("Queries while a worker takes over", worked around by the workers); this
+        # test is about the kill.
         desc = await client.get_workflow_handle(handle.id).describe()
         files = [a for a in desc.raw_description.pending_activities if a.activity_type.name == "s3batch.process_file"]
         return desc.run_id != first_run and bool(files)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -38,8 +36,6 @@ from s3batch.messages import Progress, S3BatchResult
 from s3batch.models import S3BatchInput
 
 QUERY_TIMEOUT = timedelta(seconds=5)
-QUERY_SETTLE_SECONDS = 5.0
-"""How long :func:`progress` waits for the job's pending workflow task to be answered before it gives up asking."""
 POLLER_SEEN_WITHIN = timedelta(seconds=90)
 """A worker long-polls its task queue for up to about 70 s per poll: one not seen for longer is gone
 (the server keeps listing a stopped worker as a poller for minutes)."""
@@ -295,35 +291,9 @@ async def waiting_for_worker(client: Client, workflow_id: str) -> str | None:
     return None
 
 
-def task_pending(desc: WorkflowExecutionDescription) -> bool:
-    """A workflow task of the running job is scheduled or in flight (the worker has not answered it yet)."""
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        return False
-    return desc.raw_description.pending_workflow_task.HasField("scheduled_time")
-
-
 async def progress(client: Client, workflow_id: str) -> Progress | None:
-    """The job's ``progress`` query, or None when it cannot answer now: no worker yet, or a workflow task of the
-    job still waits after :data:`QUERY_SETTLE_SECONDS` (its worker is gone and another one is taking over).
-
-    Asked then, the query would reach a worker that has not got the job yet, with a file's completion in the
-    history that no workflow task has handled: the SDK (1.35) applies it while it answers, and the commands it
-    then records are not the ones a replay of the history gives, so the job fails with a nondeterminism error
-    the next time a worker replays it (docs/explanation/guarantees.md, "Queries while a worker takes over").
-    A workflow task is pending for milliseconds on a job with its worker, so this waits only during a takeover.
-    """
+    """The job's ``progress`` query, or None when it cannot answer now (no worker yet)."""
     handle = client.get_workflow_handle(workflow_id)
-    deadline = time.monotonic() + QUERY_SETTLE_SECONDS
-    while True:
-        try:
-            desc = await handle.describe()
-        except RPCError:
-            return None
-        if not task_pending(desc):
-            break
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(0.1)
     try:
         return await handle.query("progress", result_type=Progress, rpc_timeout=QUERY_TIMEOUT)
     except (WorkflowQueryFailedError, RPCError):
