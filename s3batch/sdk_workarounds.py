@@ -62,7 +62,10 @@ def evict_after_legacy_queries() -> bool:
             core = bridge() if bridge is not None else None
             evict: Callable[[str], None] | None = getattr(core, "request_workflow_eviction", None)
             if evict is not None:
-                evict(act.run_id)
+                try:
+                    evict(act.run_id)
+                except RuntimeError as err:  # the bridge's errors: a failed eviction must not stop the worker
+                    logger.warning("could not evict run %s after a legacy query: %s", act.run_id, err)
 
     setattr(handle_activation, _PATCHED, True)
     worker_class._handle_activation = handle_activation

@@ -67,6 +67,45 @@ def test_an_sdk_without_the_method_is_left_alone_with_a_warning(
     assert "_WorkflowWorker._handle_activation" in caplog.text and "not worked around" in caplog.text
 
 
+async def test_the_wrapper_evicts_after_a_legacy_query_only_and_survives_a_failed_eviction(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from temporalio.worker import _workflow
+
+    handled: list[str] = []
+    evicted: list[str] = []
+
+    class Core:
+        fail = False
+
+        def request_workflow_eviction(self, run_id: str) -> None:
+            if self.fail:
+                raise RuntimeError("core is gone")
+            evicted.append(run_id)
+
+    class SdkWorker:  # stands for the SDK's workflow worker: the wrapper calls its method, then the core
+        core = Core()
+
+        def _bridge_worker(self) -> Core:
+            return self.core
+
+        async def _handle_activation(self, act: WorkflowActivation) -> None:
+            handled.append(act.run_id)
+
+    monkeypatch.setattr(_workflow, "_WorkflowWorker", SdkWorker)
+    assert evict_after_legacy_queries()
+    worker = SdkWorker()
+    await worker._handle_activation(activation("q-1"))
+    await worker._handle_activation(activation(resolve=True))
+    assert handled == ["r", "r"] and evicted == []
+    await worker._handle_activation(activation(LEGACY_QUERY_ID))
+    assert handled == ["r"] * 3 and evicted == ["r"]
+    SdkWorker.core.fail = True
+    with caplog.at_level(logging.WARNING, logger="s3batch.sdk_workarounds"):
+        await worker._handle_activation(activation(LEGACY_QUERY_ID))
+    assert handled == ["r"] * 4 and "could not evict run r after a legacy query: core is gone" in caplog.text
+
+
 def running_workflows(worker: Worker) -> dict[str, Any]:
     return worker._workflow_worker._running_workflows  # type: ignore[union-attr]
 
