@@ -79,4 +79,3 @@ def _not_patched(missing: str) -> bool:
         missing,
     )
     return False
-

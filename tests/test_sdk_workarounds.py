@@ -129,13 +129,13 @@ async def test_a_run_rebuilt_to_answer_a_legacy_query_is_evicted_then_runs_on(
     async with worker() as a:
         handle = await client.start_workflow("S3BatchWorkflow", job, id=f"legacy-{uuid.uuid4().hex[:8]}",
                                              task_queue=queue)
-        await wait_for(lambda: handle.result_run_id in running_workflows(a) or None, 30, "the run cached on A")
+        await wait_for(lambda: handle.result_run_id in running_workflows(a), 30, "the run cached on A")
     # B has not got the run: the query comes to it as a legacy query (its sticky worker is gone), B rebuilds the
     # run to answer it, then evicts it.
     async with worker() as b:
         answer = await handle.query("progress", result_type=Progress)
         assert answer.files_in_flight == 1
-        await wait_for(lambda: handle.result_run_id not in running_workflows(b) or None, 3, "the run evicted from B")
+        await wait_for(lambda: handle.result_run_id not in running_workflows(b), 3, "the run evicted from B")
         # Evicted for the query, not for its end (a run that ends leaves the cache too).
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
         # The job runs on: its next workflow task rebuilds the run from the history.

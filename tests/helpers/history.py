@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecution, WorkflowHandle
 from temporalio.worker import Replayer
 
 from s3batch.plugin import S3BatchPlugin
 
 
-async def history_events(client: Client, workflow_id: str) -> list[Any]:
-    """Every event of every run of a workflow (continue-as-new included), oldest run first."""
-    events: list[Any] = []
+async def _runs(client: Client, workflow_id: str) -> AsyncIterator[tuple[WorkflowExecution, list[Any]]]:
+    """Each run of a workflow (continue-as-new included), oldest first, with its events."""
     runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
     for run_ in sorted(runs, key=lambda r: r.start_time):
         history = await client.get_workflow_handle(workflow_id, run_id=run_.run_id).fetch_history()
-        events.extend(history.events)
-    return events
+        yield run_, list(history.events)
+
+
+async def history_events(client: Client, workflow_id: str) -> list[Any]:
+    """Every event of every run of a workflow (continue-as-new included), oldest run first."""
+    return [e async for _, events in _runs(client, workflow_id) for e in events]
 
 
 async def history_outline(client: Client, workflow_id: str) -> str:
@@ -31,10 +34,9 @@ async def history_outline(client: Client, workflow_id: str) -> str:
     marker's name, a timer's ID, a failure's message): what a test that failed once in CI prints, to be read
     afterwards."""
     lines: list[str] = []
-    runs = [e async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
-    for run_ in sorted(runs, key=lambda r: r.start_time):
+    async for run_, events in _runs(client, workflow_id):
         lines.append(f"run {run_.run_id} ({run_.status.name if run_.status else 'running'})")
-        for e in (await client.get_workflow_handle(workflow_id, run_id=run_.run_id).fetch_history()).events:
+        for e in events:
             attributes = MessageToDict(e)
             detail = next((v for k, v in attributes.items() if k.endswith("Attributes")), {})
             keys = ("identity", "activityType", "markerName", "timerId", "failure", "cause")
